@@ -1,0 +1,1 @@
+//! mailroom-conformance (under construction)

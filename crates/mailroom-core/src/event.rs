@@ -1,0 +1,366 @@
+//! The event envelope, its status machine and its attempt history.
+//!
+//! ```text
+//!            claim                 handler ok
+//! pending ─────────► running ─────────────────► done
+//!    ▲                 │ failure, attempts left
+//!    └─────────────────┤ (next_attempt_at = now + backoff)
+//!                      │ lease expired (rescue; the attempt counts)
+//!                      │
+//!                      └ attempts exhausted / permanent failure ──► dead
+//! dead ──replay──► pending          dead ──skip──► skipped (sequential topics)
+//! ```
+
+use bytes::Bytes;
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use uuid::Uuid;
+
+/// An event's id: a UUIDv7, so ids sort by creation time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventId(pub Uuid);
+
+impl EventId {
+    /// A fresh, time-ordered id.
+    pub fn new() -> Self {
+        Self(Uuid::now_v7())
+    }
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for EventId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(Self)
+    }
+}
+
+/// Where an event is in its life. See the module docs for the transitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Waiting to be claimed once `next_attempt_at` has passed.
+    Pending,
+    /// Leased to one worker, under a fencing token.
+    Running,
+    /// Processed successfully.
+    Done,
+    /// Attempts exhausted or failure declared permanent; waits for an operator.
+    Dead,
+    /// A dead head of a sequential key that an operator chose to skip.
+    Skipped,
+}
+
+impl Status {
+    /// Every status, in display order.
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::Running,
+        Status::Done,
+        Status::Dead,
+        Status::Skipped,
+    ];
+
+    /// The lowercase name used in APIs, SQL and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Running => "running",
+            Status::Done => "done",
+            Status::Dead => "dead",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Status {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown status {s:?} (expected pending, running, done, dead or skipped)")
+            })
+    }
+}
+
+/// An event as intake hands it to the store: everything but the processing state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// Fresh id; kept only if the dedup key is new.
+    pub id: EventId,
+    /// Where it came from: a webhook source name, an AMQP source, `api`, `outbox`.
+    pub source: String,
+    /// The topic that processes it.
+    pub topic: String,
+    /// The sender's id for the event; unique per source.
+    pub dedup_key: String,
+    /// Ordering / grouping key inside the topic.
+    pub key: Option<String>,
+    /// The sender's event type (e.g. `payment.created`).
+    pub event_type: Option<String>,
+    /// Correlation id carried along to handlers and logs.
+    pub correlation_id: Option<String>,
+    /// Id of the event that caused this one.
+    pub causation_id: Option<String>,
+    /// Content type of `payload`, as received.
+    pub content_type: Option<String>,
+    /// The payload bytes, exactly as received.
+    pub payload: Bytes,
+    /// Attempt budget, from the topic's retry policy.
+    pub max_attempts: u32,
+}
+
+/// One finished (or abandoned) attempt in an event's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// 1-based attempt number; keeps counting across replays.
+    pub attempt: u32,
+    /// When the claim started.
+    pub started_at: Timestamp,
+    /// When the outcome was recorded.
+    pub finished_at: Option<Timestamp>,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// Error text, if it failed.
+    pub error: Option<String>,
+    /// Which worker ran it.
+    pub worker: Option<String>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// The handler succeeded.
+    Done,
+    /// The handler failed; the event was rescheduled.
+    Retry,
+    /// The handler failed for the last time, or permanently.
+    Dead,
+    /// The lease ran out before an outcome arrived (the worker died or hung).
+    LeaseExpired,
+}
+
+impl AttemptOutcome {
+    /// The snake_case name used in APIs and SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Done => "done",
+            AttemptOutcome::Retry => "retry",
+            AttemptOutcome::Dead => "dead",
+            AttemptOutcome::LeaseExpired => "lease_expired",
+        }
+    }
+}
+
+impl FromStr for AttemptOutcome {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "done" => Ok(Self::Done),
+            "retry" => Ok(Self::Retry),
+            "dead" => Ok(Self::Dead),
+            "lease_expired" => Ok(Self::LeaseExpired),
+            other => Err(format!("unknown attempt outcome {other:?}")),
+        }
+    }
+}
+
+/// A stored event with its processing state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Time-ordered id.
+    pub id: EventId,
+    /// Source name.
+    pub source: String,
+    /// Topic name.
+    pub topic: String,
+    /// Sender's id, unique per source.
+    pub dedup_key: String,
+    /// Ordering / grouping key.
+    pub key: Option<String>,
+    /// Event type.
+    pub event_type: Option<String>,
+    /// Current status.
+    pub status: Status,
+    /// Attempts started so far (the current one included while running).
+    pub attempts: u32,
+    /// Attempt budget; a replay raises it to `attempts + policy.max_attempts`.
+    pub max_attempts: u32,
+    /// When the next attempt may start (pending events).
+    pub next_attempt_at: Option<Timestamp>,
+    /// When intake committed it.
+    pub received_at: Timestamp,
+    /// Correlation id.
+    pub correlation_id: Option<String>,
+    /// Causation id.
+    pub causation_id: Option<String>,
+    /// Content type of the payload.
+    pub content_type: Option<String>,
+    /// Payload bytes; `None` once retention purged them (the row stays for dedup).
+    pub payload: Option<Bytes>,
+    /// Error text of the last failed attempt.
+    pub last_error: Option<String>,
+    /// While running: when the lease ends (database clock).
+    pub lease_until: Option<Timestamp>,
+    /// Attempt history, oldest first; filled on single-event reads only.
+    pub history: Vec<Attempt>,
+}
+
+impl Event {
+    /// The event object of SPEC §12, as served by the API, `events show --json`,
+    /// batch deliveries and pull claims. `payload` is the JSON value when the
+    /// body is JSON, else null with `payload_base64` set.
+    pub fn to_json(&self, with_history: bool) -> serde_json::Value {
+        use serde_json::{Value, json};
+        let (payload, payload_base64) = match &self.payload {
+            None => (Value::Null, Value::Null),
+            Some(bytes) => match serde_json::from_slice::<Value>(bytes) {
+                Ok(v) => (v, Value::Null),
+                Err(_) => (Value::Null, Value::String(base64_encode(bytes))),
+            },
+        };
+        let mut v = json!({
+            "id": self.id.to_string(),
+            "source": self.source,
+            "topic": self.topic,
+            "dedup_key": self.dedup_key,
+            "key": self.key,
+            "type": self.event_type,
+            "status": self.status.as_str(),
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "next_attempt_at": self.next_attempt_at.map(|t| t.to_string()),
+            "received_at": self.received_at.to_string(),
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "content_type": self.content_type,
+            "payload": payload,
+            "payload_base64": payload_base64,
+            "last_error": self.last_error,
+        });
+        if with_history && let Some(obj) = v.as_object_mut() {
+            let history: Vec<Value> = self
+                .history
+                .iter()
+                .map(|a| {
+                    json!({
+                        "attempt": a.attempt,
+                        "started_at": a.started_at.to_string(),
+                        "finished_at": a.finished_at.map(|t| t.to_string()),
+                        "outcome": a.outcome.as_str(),
+                        "error": a.error,
+                        "worker": a.worker,
+                    })
+                })
+                .collect();
+            obj.insert("history".into(), Value::Array(history));
+        }
+        v
+    }
+}
+
+/// Standard base64 with padding, without pulling a dependency into the domain.
+pub fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_round_trip() {
+        for st in Status::ALL {
+            assert_eq!(st.as_str().parse::<Status>(), Ok(st));
+        }
+        assert!("paused".parse::<Status>().is_err());
+    }
+
+    #[test]
+    fn ids_are_time_ordered() {
+        let a = EventId::new();
+        let b = EventId::new();
+        assert!(a < b);
+        assert_eq!(a.to_string().parse::<EventId>().ok(), Some(a));
+    }
+
+    #[test]
+    fn base64_matches_rfc4648_examples() {
+        assert_eq!(base64_encode(b""), "");
+        assert_eq!(base64_encode(b"f"), "Zg==");
+        assert_eq!(base64_encode(b"fo"), "Zm8=");
+        assert_eq!(base64_encode(b"foo"), "Zm9v");
+        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
+    }
+
+    fn sample(payload: &[u8]) -> Event {
+        Event {
+            id: EventId::new(),
+            source: "s".into(),
+            topic: "t".into(),
+            dedup_key: "d".into(),
+            key: None,
+            event_type: None,
+            status: Status::Pending,
+            attempts: 0,
+            max_attempts: 15,
+            next_attempt_at: None,
+            received_at: Timestamp::UNIX_EPOCH,
+            correlation_id: None,
+            causation_id: None,
+            content_type: None,
+            payload: Some(Bytes::copy_from_slice(payload)),
+            last_error: None,
+            lease_until: None,
+            history: vec![],
+        }
+    }
+
+    #[test]
+    fn json_payload_is_inlined_and_binary_is_base64() {
+        let j = sample(br#"{"a":1}"#).to_json(false);
+        assert_eq!(j["payload"]["a"], 1);
+        assert!(j["payload_base64"].is_null());
+        assert!(j.get("history").is_none());
+        let b = sample(b"\xff\x00").to_json(true);
+        assert!(b["payload"].is_null());
+        assert_eq!(b["payload_base64"], "/wA=");
+        assert!(b["history"].is_array());
+    }
+}

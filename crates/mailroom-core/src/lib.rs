@@ -1,0 +1,39 @@
+//! # mailroom-core
+//!
+//! The domain of mailroom, in plain Rust with no I/O:
+//!
+//! - [`event`]: the event envelope ([`NewEvent`], [`Event`]), its [`Status`]
+//!   machine and its attempt history ([`Attempt`]).
+//! - [`retry`]: the [`RetryPolicy`] (exponential backoff with jitter, or an
+//!   explicit schedule) that turns a failed attempt into a delay or `dead`.
+//! - [`lease`]: claims, leases and fencing tokens ([`Claimed`], [`FencingToken`]).
+//! - [`outcome`]: what a handler answers ([`Outcome`]) and what the store is
+//!   told to record ([`Completion`]).
+//! - [`mode`]: per-topic processing modes ([`Mode`]).
+//! - [`store`]: the [`Store`] trait every storage backend implements, and the
+//!   query/stats types it speaks.
+//! - [`duration`]: the `"100ms" | "2s" | "5m" | "1h" | "7d"` format used in
+//!   configuration and on the command line.
+//!
+//! Everything that touches a disk, a socket or a clock lives in other crates;
+//! the one exception is [`Timestamp::now`]-style helpers being *passed in*.
+
+pub mod duration;
+pub mod error;
+pub mod event;
+pub mod lease;
+pub mod mode;
+pub mod outcome;
+pub mod retry;
+pub mod store;
+
+pub use error::{Result, StoreError};
+pub use event::{Attempt, AttemptOutcome, Event, EventId, NewEvent, Status};
+pub use jiff::Timestamp;
+pub use lease::{Claimed, FencingToken};
+pub use mode::{BatchSettings, Mode, OnDead};
+pub use outcome::{Completion, Outcome};
+pub use retry::{Backoff, RetryPolicy};
+pub use store::{
+    ClaimRequest, Inserted, KeyCursor, ListFilter, Page, PurgeReport, Retention, Store, TopicStats,
+};

@@ -1,0 +1,164 @@
+//! Retry policy: how long to wait after a failed attempt, and when to give up.
+//!
+//! After the n-th failed attempt the next one is due at
+//! `min(base × factor^(n-1), max_delay)`, ± `jitter` × that delay (SPEC §12),
+//! or at the n-th entry of an explicit schedule (the last entry repeats).
+
+use std::time::Duration;
+
+/// How delays between attempts grow.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backoff {
+    /// `min(base × factor^(n-1), max_delay)` ± `jitter` × delay.
+    Exponential {
+        /// Delay after the first failure.
+        base: Duration,
+        /// Growth per failure.
+        factor: f64,
+        /// Upper bound on any delay.
+        max_delay: Duration,
+        /// Relative spread in `[0, 1]`: 0.2 means ±20 %.
+        jitter: f64,
+    },
+    /// Explicit delays: the n-th failure waits `schedule[n-1]`; the last repeats.
+    Schedule(Vec<Duration>),
+}
+
+/// A topic's retry policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts before an event goes `dead` (the first attempt included).
+    pub max_attempts: u32,
+    /// Delay growth.
+    pub backoff: Backoff,
+}
+
+impl Default for RetryPolicy {
+    /// SPEC §4: 15 attempts, from 2 s doubling up to 1 h, ±20 % jitter.
+    fn default() -> Self {
+        Self {
+            max_attempts: 15,
+            backoff: Backoff::Exponential {
+                base: Duration::from_secs(2),
+                factor: 2.0,
+                max_delay: Duration::from_secs(3600),
+                jitter: 0.2,
+            },
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after failed attempt number `attempt` (1-based).
+    ///
+    /// `spread` is a random number in `[-1, 1]` supplied by the caller, so
+    /// this stays deterministic and testable; it is scaled by `jitter`.
+    pub fn delay_after(&self, attempt: u32, spread: f64) -> Duration {
+        let n = attempt.max(1);
+        match &self.backoff {
+            Backoff::Schedule(steps) => steps
+                .get(n as usize - 1)
+                .or(steps.last())
+                .copied()
+                .unwrap_or(Duration::ZERO),
+            Backoff::Exponential {
+                base,
+                factor,
+                max_delay,
+                jitter,
+            } => {
+                let exp = factor.powi(i32::try_from(n - 1).unwrap_or(i32::MAX));
+                let raw = base.as_secs_f64() * exp;
+                let capped = if raw.is_finite() {
+                    raw.min(max_delay.as_secs_f64())
+                } else {
+                    max_delay.as_secs_f64()
+                };
+                let spread = spread.clamp(-1.0, 1.0) * jitter.clamp(0.0, 1.0);
+                Duration::from_secs_f64((capped * (1.0 + spread)).max(0.0))
+            }
+        }
+    }
+
+    /// Checks the policy's numbers, naming the first that is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_attempts == 0 {
+            return Err("max_attempts must be at least 1".into());
+        }
+        match &self.backoff {
+            Backoff::Exponential { factor, jitter, .. } => {
+                if !(factor.is_finite() && *factor >= 1.0) {
+                    return Err(format!("factor must be a number >= 1.0, got {factor}"));
+                }
+                if !(0.0..=1.0).contains(jitter) {
+                    return Err(format!("jitter must be between 0 and 1, got {jitter}"));
+                }
+            }
+            Backoff::Schedule(steps) if steps.is_empty() => {
+                return Err("schedule must list at least one delay".into());
+            }
+            Backoff::Schedule(_) => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exp(jitter: f64) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 15,
+            backoff: Backoff::Exponential {
+                base: Duration::from_secs(2),
+                factor: 2.0,
+                max_delay: Duration::from_secs(3600),
+                jitter,
+            },
+        }
+    }
+
+    #[test]
+    fn exponential_doubles_from_base_and_caps_at_max_delay() {
+        let p = exp(0.0);
+        assert_eq!(p.delay_after(1, 0.0), Duration::from_secs(2));
+        assert_eq!(p.delay_after(2, 0.0), Duration::from_secs(4));
+        assert_eq!(p.delay_after(5, 0.0), Duration::from_secs(32));
+        assert_eq!(p.delay_after(12, 0.0), Duration::from_secs(3600));
+        assert_eq!(p.delay_after(1000, 0.0), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_band() {
+        let p = exp(0.2);
+        assert_eq!(p.delay_after(3, 1.0), Duration::from_secs_f64(8.0 * 1.2));
+        assert_eq!(p.delay_after(3, -1.0), Duration::from_secs_f64(8.0 * 0.8));
+        // Out-of-range spread is clamped, never widening the band.
+        assert_eq!(p.delay_after(3, 7.0), Duration::from_secs_f64(8.0 * 1.2));
+    }
+
+    #[test]
+    fn schedule_is_followed_then_its_last_step_repeats() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            backoff: Backoff::Schedule(vec![
+                Duration::from_secs(5),
+                Duration::from_secs(10),
+                Duration::from_secs(20),
+            ]),
+        };
+        assert_eq!(p.delay_after(1, 1.0), Duration::from_secs(5));
+        assert_eq!(p.delay_after(3, 0.0), Duration::from_secs(20));
+        assert_eq!(p.delay_after(4, 0.0), Duration::from_secs(20));
+    }
+
+    #[test]
+    fn validation_names_the_bad_number() {
+        assert!(RetryPolicy::default().validate().is_ok());
+        let mut p = exp(1.5);
+        assert!(p.validate().unwrap_err().contains("jitter"));
+        p.max_attempts = 0;
+        assert!(p.validate().unwrap_err().contains("max_attempts"));
+    }
+}

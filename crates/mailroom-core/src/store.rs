@@ -1,0 +1,176 @@
+//! The storage contract every backend implements (SQLite, PostgreSQL), and
+//! the small types it speaks. A backend's SQL lives in its own crate; the
+//! shared conformance suite (`mailroom-conformance`) holds them to this page.
+
+use crate::error::Result;
+use crate::event::{Event, EventId, NewEvent, Status};
+use crate::lease::{Claimed, FencingToken};
+use crate::mode::OnDead;
+use crate::outcome::Completion;
+use jiff::Timestamp;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The answer to an insert: the stored id, and whether it was already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inserted {
+    /// The id of the one stored event for this (source, dedup key).
+    pub id: EventId,
+    /// `true` when the (source, dedup key) was already stored; nothing changed.
+    pub duplicate: bool,
+}
+
+/// Which events a claim may take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRequest {
+    /// The topic to claim from.
+    pub topic: String,
+    /// Recorded in the attempt history.
+    pub worker: String,
+    /// At most this many events.
+    pub max: u32,
+    /// Lease length, added to the database clock.
+    pub lease: Duration,
+    /// `Some` for sequential topics: only the head of each key may be taken,
+    /// and only when no earlier event of its key is `pending`, `running`, or
+    /// (with [`OnDead::Block`]) `dead`. Events without a key are independent.
+    pub per_key: Option<OnDead>,
+}
+
+/// Filters for listing and bulk replay. Empty fields match everything.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListFilter {
+    /// Only this topic.
+    pub topic: Option<String>,
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only this key.
+    pub key: Option<String>,
+    /// Page size (lists only); the backend caps it at 1000.
+    pub limit: u32,
+    /// Continue after this cursor (from [`Page::next_cursor`]).
+    pub cursor: Option<KeyCursor>,
+}
+
+/// Opaque position in a newest-first listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyCursor(pub EventId);
+
+/// One page of events, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// The events (without history).
+    pub events: Vec<Event>,
+    /// Where the next page starts, if there is one.
+    pub next_cursor: Option<KeyCursor>,
+}
+
+/// Per-topic numbers for `status`, `/v1/stats`, metrics and alerts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TopicStats {
+    /// The topic.
+    pub topic: String,
+    /// Event count per status (statuses with no events may be absent).
+    pub counts: BTreeMap<&'static str, u64>,
+    /// `received_at` of the oldest pending event.
+    pub oldest_pending: Option<Timestamp>,
+    /// Keys whose head is dead and holds the rest back (sequential topics).
+    pub blocked_keys: u64,
+}
+
+impl TopicStats {
+    /// Number of events in `status`.
+    pub fn count(&self, status: Status) -> u64 {
+        self.counts.get(status.as_str()).copied().unwrap_or(0)
+    }
+}
+
+/// What retention removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Drop payloads of `done`/`skipped` events received before now − this.
+    pub done: Duration,
+    /// Drop payloads of `dead` events received before now − this.
+    pub dead: Duration,
+    /// Delete finished rows entirely (ending dedup for their keys) before now − this.
+    pub dedup: Duration,
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeReport {
+    /// Events whose payload was dropped (their row stays for dedup).
+    pub payloads_dropped: u64,
+    /// Rows deleted with their history.
+    pub rows_deleted: u64,
+}
+
+/// Durable storage of events. Every method is atomic; a method that returns
+/// `Ok` has committed durably (SQLite `synchronous=FULL`, PostgreSQL
+/// `synchronous_commit=on`), which is what lets intake acknowledge.
+///
+/// Times that matter for correctness (leases, due times) are computed on the
+/// store's clock, never the caller's: callers pass durations, not instants.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Creates or upgrades the schema (versioned migrations, under a lock so
+    /// several instances may start at once).
+    async fn migrate(&self) -> Result<()>;
+
+    /// Stores `event` as `pending` and due now, unless its (source, dedup key)
+    /// is already stored: then nothing changes and the stored id comes back
+    /// with `duplicate = true`. Of many concurrent inserts of one key, exactly
+    /// one reports `duplicate = false`.
+    async fn insert(&self, event: NewEvent) -> Result<Inserted>;
+
+    /// Moves up to `req.max` due `pending` events of `req.topic`, oldest
+    /// arrival first, to `running` under a lease of `req.lease`, each with a
+    /// new fencing token (its attempt count, incremented).
+    async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>>;
+
+    /// Records the end of an attempt, only if `token` is still current
+    /// ([`StoreError::StaleToken`](crate::StoreError::StaleToken) otherwise).
+    /// Appends the attempt to the history.
+    async fn complete(&self, id: EventId, token: FencingToken, completion: Completion)
+    -> Result<()>;
+
+    /// Pushes the lease of a running event to now + `lease`, only if `token`
+    /// is current. Returns the new end.
+    async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp>;
+
+    /// Returns every `running` event whose lease has ended to `pending` (due
+    /// now), or to `dead` if it has no attempts left; the lost attempt is
+    /// recorded as `lease_expired`. Returns how many were rescued.
+    async fn rescue_expired(&self) -> Result<u64>;
+
+    /// The earliest time at which `claim(req)` could find something due,
+    /// if anything is pending (may be in the past).
+    async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>>;
+
+    /// One event with its attempt history.
+    async fn get(&self, id: EventId) -> Result<Option<Event>>;
+
+    /// Events matching `filter`, newest first.
+    async fn list(&self, filter: &ListFilter) -> Result<Page>;
+
+    /// Sends an event (`dead`, `done`, `skipped` or `pending`) back to
+    /// `pending`, due now, with a fresh budget: `max_attempts = attempts +
+    /// budget`. A `running` event is a [`Conflict`](crate::StoreError::Conflict).
+    async fn replay(&self, id: EventId, budget: u32) -> Result<Event>;
+
+    /// [`replay`](Store::replay) for every non-running event matching `filter`
+    /// (its `limit` and `cursor` are ignored). Returns how many.
+    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64>;
+
+    /// Marks a `dead` event `skipped` so its key unblocks.
+    async fn skip(&self, id: EventId) -> Result<Event>;
+
+    /// Per-topic counts, oldest pending, blocked keys.
+    async fn stats(&self) -> Result<Vec<TopicStats>>;
+
+    /// Applies retention.
+    async fn purge(&self, retention: Retention) -> Result<PurgeReport>;
+
+    /// The store's clock.
+    async fn now(&self) -> Result<Timestamp>;
+}

@@ -1,0 +1,1 @@
+//! mailroom-server (under construction)

@@ -1,0 +1,1 @@
+//! mailroom-signatures (under construction)

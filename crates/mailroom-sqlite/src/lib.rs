@@ -1,0 +1,1 @@
+//! mailroom-sqlite (under construction)

@@ -1,0 +1,1 @@
+//! mailroom (under construction)
