@@ -1,0 +1,343 @@
+# shellcheck shell=bash
+#
+# Throwaway PostgreSQL 15 + RabbitMQ for mailroom's tests.
+#
+# Sourced by scripts/test.sh and scripts/services.sh; not meant to be run.
+# Everything lives in one state directory ($MR_STATE) so that teardown is
+# "stop what is recorded there, then rm -rf it":
+#
+#   $MR_STATE/
+#     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_AMQP_URL)
+#     pg/data           PostgreSQL cluster (owned by `postgres` when run as root);
+#                       its unix socket lives here too
+#     pg/server.log     PostgreSQL server log
+#     rabbit/           RabbitMQ private node: HOME (erlang cookie), mnesia, logs,
+#                       config, pid file (owned by `rabbitmq` when run as root)
+#     rabbit.pgid       process group of the node (started under setsid)
+#     epmd.pid          private epmd (its own port, loopback only)
+#
+# Nothing here touches the system postgresql/rabbitmq services, the default
+# ports (5432, 5672, 4369, 25672) or /etc config: every port is picked at
+# random among free ones and every config/data path points into $MR_STATE.
+
+MR_PG_BIN="${MR_PG_BIN:-/usr/lib/postgresql/15/bin}"
+MR_RABBIT_BIN="${MR_RABBIT_BIN:-/usr/lib/rabbitmq/bin}"
+MR_PG_USER="postgres"              # superuser role created by initdb
+MR_START_TIMEOUT="${MR_START_TIMEOUT:-90}"   # seconds per server
+
+mr_log()  { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+mr_die()  { printf '[%s] ERROR: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
+mr_now()  { date +%s.%N; }
+mr_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1fs", e - s }'; }
+
+mr_is_root() { [[ "$(id -u)" -eq 0 ]]; }
+
+# Run a command as a service account when we are root (PostgreSQL refuses
+# to run as root; RabbitMQ's files must belong to `rabbitmq`). As an
+# ordinary developer the servers simply run as that developer.
+mr_as() {
+  local user="$1"; shift
+  if mr_is_root; then
+    runuser -u "$user" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+# Start "$@" (as service account $1 when root) in the background, in a new
+# session, so its pid is also its process group id; write that to $2 and
+# send its output to $3.
+mr_spawn() {
+  local user="$1" pidfile="$2" out="$3"; shift 3
+  if mr_is_root; then
+    setsid runuser -u "$user" -- "$@" >"$out" 2>&1 </dev/null &
+  else
+    setsid "$@" >"$out" 2>&1 </dev/null &
+  fi
+  echo $! >"$pidfile"
+}
+
+mr_sudo() {
+  if mr_is_root; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else mr_die "need root (or sudo) to run: $*"
+  fi
+}
+
+# ---------------------------------------------------------------- packages --
+
+mr_apt_install() {
+  # Non-interactive, no service start prompts, wait for a concurrent apt/dpkg.
+  local start; start="$(mr_now)"
+  mr_log "apt-get update"
+  mr_sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq update
+  mr_log "apt-get install $*"
+  mr_sudo env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get \
+    -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+    -y -qq --no-install-recommends install "$@" >/dev/null
+  mr_log "apt-get install done in $(mr_since "$start")"
+}
+
+mr_ensure_packages() {
+  local missing=()
+  [[ -x "$MR_PG_BIN/initdb" && -x "$MR_PG_BIN/pg_ctl" ]] || missing+=(postgresql-15)
+  command -v psql >/dev/null 2>&1 || missing+=(postgresql-client-15)
+  [[ -x "$MR_RABBIT_BIN/rabbitmq-server" ]] && command -v epmd >/dev/null 2>&1 || missing+=(rabbitmq-server)
+  if ((${#missing[@]})); then
+    mr_apt_install "${missing[@]}"
+  else
+    mr_log "packages present: postgresql-15, rabbitmq-server"
+  fi
+  [[ -x "$MR_PG_BIN/initdb" ]] || mr_die "initdb not found in $MR_PG_BIN after install"
+  [[ -x "$MR_RABBIT_BIN/rabbitmq-server" ]] || mr_die "rabbitmq-server not found in $MR_RABBIT_BIN after install"
+  if mr_is_root; then
+    id postgres >/dev/null 2>&1 || mr_die "user 'postgres' missing (postgresql-15 install incomplete?)"
+    id rabbitmq >/dev/null 2>&1 || mr_die "user 'rabbitmq' missing (rabbitmq-server install incomplete?)"
+  fi
+}
+
+# ------------------------------------------------------------------- ports --
+
+# True if something accepts TCP connections on 127.0.0.1:$1.
+mr_port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A port that is free right now (random, in 20000-59999). Ports already
+# handed out by this script are remembered so the four we need never collide.
+MR_PORTS_TAKEN=" "
+mr_free_port() {
+  local p i
+  for ((i = 0; i < 200; i++)); do
+    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    [[ "$MR_PORTS_TAKEN" == *" $p "* ]] && continue
+    mr_port_busy "$p" && continue
+    # Also skip ports that are bound but not listening (e.g. by a client).
+    if command -v ss >/dev/null 2>&1 && ss -Htan "( sport = :$p )" 2>/dev/null | grep -q .; then continue; fi
+    MR_PORTS_TAKEN+="$p "
+    echo "$p"; return 0
+  done
+  mr_die "could not find a free TCP port"
+}
+
+mr_tail() {
+  local f
+  for f in "$@"; do
+    [[ -f "$f" ]] || continue
+    echo "----- last 40 lines of $f -----" >&2
+    tail -n 40 "$f" >&2 || true
+  done
+  echo "-----" >&2
+}
+
+# ------------------------------------------------------------------- state --
+
+mr_state_init() {
+  # $1: state dir to create (must not exist or be empty)
+  MR_STATE="$1"
+  mkdir -p "$MR_STATE"
+  # Service accounts must be able to traverse into it.
+  chmod 0755 "$MR_STATE"
+  mkdir -p "$MR_STATE/pg" "$MR_STATE/rabbit"
+  if mr_is_root; then
+    chown postgres: "$MR_STATE/pg"
+    chown rabbitmq: "$MR_STATE/rabbit"
+  fi
+  chmod 0700 "$MR_STATE/pg" "$MR_STATE/rabbit"
+}
+
+# -------------------------------------------------------------- PostgreSQL --
+
+mr_pg_start() {
+  local start attempt port pgdata="$MR_STATE/pg/data" log="$MR_STATE/pg/server.log"
+  start="$(mr_now)"
+  mr_log "PostgreSQL: initdb"
+  mr_as postgres "$MR_PG_BIN/initdb" -D "$pgdata" -U "$MR_PG_USER" --auth=trust \
+    -E UTF8 --locale=C.UTF-8 --no-sync >"$MR_STATE/pg/initdb.log" 2>&1 \
+    || { mr_tail "$MR_STATE/pg/initdb.log"; mr_die "initdb failed"; }
+  for attempt in 1 2 3; do
+    port="$(mr_free_port)"
+    mr_log "PostgreSQL: starting on 127.0.0.1:$port (attempt $attempt)"
+    if mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -l "$log" -w -t "$MR_START_TIMEOUT" \
+        -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='$pgdata' \
+            -c fsync=on -c synchronous_commit=on -c max_connections=300 \
+            -c log_min_messages=warning" \
+        start >>"$MR_STATE/pg/pg_ctl.log" 2>&1; then
+      echo "$port" >"$MR_STATE/pg.port"
+      break
+    fi
+    # Lost a race for the port, or a real failure: show why, maybe retry.
+    mr_tail "$log" "$MR_STATE/pg/pg_ctl.log"
+    mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m immediate stop >/dev/null 2>&1 || true
+    grep -qi 'address already in use' "$log" 2>/dev/null || mr_die "PostgreSQL failed to start"
+  done
+  [[ -f "$MR_STATE/pg.port" ]] || mr_die "PostgreSQL failed to start (ports in use)"
+  # pg_ctl -w says the postmaster is up; prove it accepts TCP logins from us.
+  local deadline=$((SECONDS + MR_START_TIMEOUT))
+  until psql -X -q -h 127.0.0.1 -p "$port" -U "$MR_PG_USER" -d postgres -c 'SELECT 1' >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then
+      mr_tail "$log"
+      mr_die "PostgreSQL on 127.0.0.1:$port does not accept connections after ${MR_START_TIMEOUT}s"
+    fi
+    sleep 0.2
+  done
+  MR_PG_URL="postgres://$MR_PG_USER@127.0.0.1:$port/postgres"
+  mr_log "PostgreSQL: ready ($MR_PG_URL) in $(mr_since "$start")"
+}
+
+mr_pg_stop() {
+  local pgdata="$MR_STATE/pg/data"
+  [[ -f "$pgdata/postmaster.pid" ]] || return 0
+  mr_log "PostgreSQL: stopping"
+  mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m fast -t 30 -w stop >/dev/null 2>&1 \
+    || mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m immediate -t 10 -w stop >/dev/null 2>&1 \
+    || {
+      local pid; pid="$(head -n1 "$pgdata/postmaster.pid" 2>/dev/null || true)"
+      [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
+    }
+}
+
+# ---------------------------------------------------------------- RabbitMQ --
+
+# Send the AMQP 0-9-1 protocol header; a broker answers with a method frame
+# (type 1) carrying Connection.Start. Succeeds only if that happens.
+mr_amqp_handshake() {
+  local port="$1" first
+  first="$(timeout 5 bash -c '
+      exec 3<>"/dev/tcp/127.0.0.1/$0" || exit 1
+      printf "AMQP\x00\x00\x09\x01" >&3
+      head -c 1 <&3 | od -An -tu1' "$port" 2>/dev/null | tr -d ' ')" || return 1
+  [[ "$first" == "1" ]]
+}
+
+mr_rabbit_env() {
+  # Environment of the private node: every path in $MR_STATE/rabbit, every
+  # port private. RABBITMQ_CONF_ENV_FILE points to an empty file so that
+  # /etc/rabbitmq/rabbitmq-env.conf is not read.
+  local r="$MR_STATE/rabbit"
+  echo HOME="$r/home"
+  echo RABBITMQ_NODENAME="mailroom$MR_AMQP_PORT@localhost"
+  echo RABBITMQ_USE_LONGNAME=false
+  echo RABBITMQ_CONF_ENV_FILE="$r/rabbitmq-env.conf"
+  echo RABBITMQ_CONFIG_FILE="$r/rabbitmq.conf"
+  echo RABBITMQ_ADVANCED_CONFIG_FILE="$r/advanced.config"
+  echo RABBITMQ_ENABLED_PLUGINS_FILE="$r/enabled_plugins"
+  echo RABBITMQ_MNESIA_BASE="$r/mnesia"
+  echo RABBITMQ_LOG_BASE="$r/log"
+  echo RABBITMQ_PID_FILE="$r/rabbit.pid"
+  echo RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  echo RABBITMQ_NODE_PORT="$MR_AMQP_PORT"
+  echo RABBITMQ_DIST_PORT="$MR_DIST_PORT"
+  echo ERL_EPMD_PORT="$MR_EPMD_PORT"
+  echo ERL_EPMD_ADDRESS=127.0.0.1
+  echo RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+}
+
+mr_rabbit_start() {
+  local start r="$MR_STATE/rabbit"
+  start="$(mr_now)"
+  MR_AMQP_PORT="$(mr_free_port)"
+  MR_DIST_PORT="$(mr_free_port)"
+  MR_EPMD_PORT="$(mr_free_port)"
+  mr_as rabbitmq mkdir -p "$r/home" "$r/mnesia" "$r/log"
+  mr_as rabbitmq sh -c "
+    : >'$r/rabbitmq-env.conf'
+    echo '[].' >'$r/advanced.config'
+    echo '[].' >'$r/enabled_plugins'
+    cat >'$r/rabbitmq.conf' <<EOF
+listeners.tcp.1 = 127.0.0.1:$MR_AMQP_PORT
+loopback_users.guest = true
+log.file.level = info
+log.console = false
+EOF
+    chmod 0700 '$r/home'
+  "
+  echo "$MR_AMQP_PORT" >"$MR_STATE/amqp.port"
+  echo "$MR_EPMD_PORT" >"$MR_STATE/epmd.port"
+
+  local -a env; mapfile -t env < <(mr_rabbit_env)
+
+  # Our own epmd, in the foreground of its own session, so we know its pid
+  # and can stop it (erl would otherwise daemonize one that outlives us).
+  mr_spawn rabbitmq "$MR_STATE/epmd.pid" "$MR_STATE/epmd.log" \
+    env "${env[@]}" epmd -port "$MR_EPMD_PORT" -address 127.0.0.1
+  local deadline=$((SECONDS + 15))
+  until mr_port_busy "$MR_EPMD_PORT"; do
+    ((SECONDS < deadline)) || { mr_tail "$MR_STATE/epmd.log"; mr_die "epmd did not start on port $MR_EPMD_PORT"; }
+    sleep 0.1
+  done
+
+  mr_log "RabbitMQ: starting private node on 127.0.0.1:$MR_AMQP_PORT (dist $MR_DIST_PORT, epmd $MR_EPMD_PORT)"
+  # The node gets its own process group, which teardown signals as a whole
+  # (runuser, the rabbitmq-server shell, beam.smp and its helpers).
+  mr_spawn rabbitmq "$MR_STATE/rabbit.pgid" "$MR_STATE/rabbit.out" \
+    env "${env[@]}" "$MR_RABBIT_BIN/rabbitmq-server"
+  local pid; pid="$(cat "$MR_STATE/rabbit.pgid")"
+
+  deadline=$((SECONDS + MR_START_TIMEOUT))
+  until mr_amqp_handshake "$MR_AMQP_PORT"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      mr_tail "$MR_STATE/rabbit.out" "$r"/log/*.log
+      mr_die "RabbitMQ node exited during startup (see log above)"
+    fi
+    if ((SECONDS > deadline)); then
+      mr_tail "$MR_STATE/rabbit.out" "$r"/log/*.log
+      mr_die "RabbitMQ did not answer the AMQP handshake on 127.0.0.1:$MR_AMQP_PORT within ${MR_START_TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
+  MR_AMQP_URL="amqp://guest:guest@127.0.0.1:$MR_AMQP_PORT/%2f"
+  mr_log "RabbitMQ: ready ($MR_AMQP_URL) in $(mr_since "$start")"
+}
+
+mr_kill_group() {
+  # $1 pid/pgid file, $2 label. TERM the group, wait up to 20 s, then KILL.
+  local f="$1" label="$2" pg i
+  [[ -f "$f" ]] || return 0
+  pg="$(cat "$f")"
+  [[ -n "$pg" ]] || return 0
+  if kill -0 -- "-$pg" 2>/dev/null; then
+    mr_log "$label: stopping"
+    kill -TERM -- "-$pg" 2>/dev/null || true
+    for ((i = 0; i < 200; i++)); do
+      kill -0 -- "-$pg" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 -- "-$pg" 2>/dev/null; then
+      mr_log "$label: did not stop in 20s, killing"
+      kill -KILL -- "-$pg" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$f"
+}
+
+mr_rabbit_stop() {
+  # beam.smp turns SIGTERM into a clean shutdown (Erlang >= 23).
+  mr_kill_group "$MR_STATE/rabbit.pgid" "RabbitMQ"
+  mr_kill_group "$MR_STATE/epmd.pid" "epmd"
+}
+
+# ---------------------------------------------------------------- all ------
+
+mr_write_env() {
+  {
+    echo "export MAILROOM_TEST_POSTGRES_URL='$MR_PG_URL'"
+    echo "export MAILROOM_TEST_AMQP_URL='$MR_AMQP_URL'"
+  } >"$MR_STATE/env"
+}
+
+mr_services_up() {
+  # $1: state dir. Sets MR_PG_URL, MR_AMQP_URL and writes $1/env.
+  mr_ensure_packages   # first: it creates the postgres/rabbitmq users
+  mr_state_init "$1"
+  mr_pg_start
+  mr_rabbit_start
+  mr_write_env
+}
+
+mr_services_down() {
+  # $1: state dir. Safe to call twice, or on a half-started state.
+  MR_STATE="$1"
+  [[ -n "$MR_STATE" && -d "$MR_STATE" ]] || return 0
+  mr_rabbit_stop || true
+  mr_pg_stop || true
+  rm -rf -- "$MR_STATE"
+}

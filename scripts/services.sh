@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+#
+# Detached test services for development (the same throwaway PostgreSQL 15
+# and private RabbitMQ node that ./scripts/test.sh starts for one run).
+#
+#   scripts/services.sh up      start them (installs missing packages) and
+#                               print the `export` lines
+#   scripts/services.sh env     print the `export` lines again:
+#                                 eval "$(scripts/services.sh env)"
+#                                 cargo nextest run -p mailroom-testkit
+#   scripts/services.sh status  say whether they are up
+#   scripts/services.sh down    stop them and delete their data
+#
+# State lives in $MAILROOM_SERVICES_DIR (default: /tmp/mailroom-services-$USER).
+# `up` when already up just prints the exports; `down` when down is a no-op.
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+# shellcheck source=lib/services.sh
+source "$REPO_ROOT/scripts/lib/services.sh"
+
+DIR="${MAILROOM_SERVICES_DIR:-${TMPDIR:-/tmp}/mailroom-services-$(id -un)}"
+
+is_up() {
+  [[ -f "$DIR/env" && -f "$DIR/pg.port" && -f "$DIR/amqp.port" ]] || return 1
+  psql -X -q -h 127.0.0.1 -p "$(cat "$DIR/pg.port")" -U "$MR_PG_USER" -d postgres -c 'SELECT 1' \
+    >/dev/null 2>&1 || return 1
+  mr_amqp_handshake "$(cat "$DIR/amqp.port")"
+}
+
+case "${1:-}" in
+  up)
+    if is_up; then
+      mr_log "already up ($DIR)"
+    else
+      mr_services_down "$DIR"   # leftovers of a half-started or dead set
+      failed=true
+      trap '$failed && mr_services_down "$DIR"' EXIT
+      mr_services_up "$DIR"
+      failed=false
+    fi
+    cat "$DIR/env"
+    ;;
+  env)
+    is_up || mr_die "services are not up: run scripts/services.sh up"
+    cat "$DIR/env"
+    ;;
+  status)
+    if is_up; then echo "up ($DIR)"; cat "$DIR/env"; else echo "down"; exit 1; fi
+    ;;
+  down)
+    mr_services_down "$DIR"
+    mr_log "down"
+    ;;
+  *)
+    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+#
+# mailroom's test command: ./scripts/test.sh [OPTIONS] [CARGO ARGS...]
+#
+# 1. installs what is missing (postgresql-15, rabbitmq-server) with apt;
+# 2. starts a throwaway PostgreSQL 15 cluster and a private RabbitMQ node,
+#    each on a free loopback port, in a temp dir (never the system services,
+#    never the default ports), and waits until they really accept connections;
+# 3. exports
+#      MAILROOM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:<port>/postgres
+#          (superuser, trust auth over TCP: tests CREATE DATABASE per test,
+#           see crates/mailroom-testkit: fresh_postgres_db())
+#      MAILROOM_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:<port>/%2f
+# 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
+#    `cargo test --workspace --doc [ARGS]` (both run even if the first fails);
+# 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
+#    exits non-zero if either test step failed.
+#
+# CARGO ARGS go to both cargo commands; `-p/--package` replaces --workspace:
+#   ./scripts/test.sh -p mailroom-sqlite
+#   ./scripts/test.sh -p mailroom-core -p mailroom-testkit --release
+# nextest-only settings go through nextest's own env vars, e.g.
+#   NEXTEST_NO_TESTS=warn ./scripts/test.sh -p some-crate-without-tests
+#   NEXTEST_TEST_THREADS=1 ./scripts/test.sh
+#
+# OPTIONS
+#   --services-only   start the services, print the `export` lines, and wait
+#                     until Ctrl-C (then tear down). For development:
+#                     run it in one terminal, paste the exports in another,
+#                     and use cargo nextest / cargo test directly.
+#   --no-doc          skip the doctest step.
+#   -h, --help        this text.
+# For detached services see scripts/services.sh (up | env | down | status).
+#
+# Environment: MR_START_TIMEOUT (seconds per server, default 90),
+# CARGO_TARGET_DIR and the usual cargo/nextest variables are honoured.
+# Needs root or sudo only to apt-install missing packages; as root the
+# servers run as the `postgres` and `rabbitmq` users.
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+# shellcheck source=lib/services.sh
+source "$REPO_ROOT/scripts/lib/services.sh"
+
+services_only=false
+run_doc=true
+cargo_args=()
+while (($#)); do
+  case "$1" in
+    --services-only) services_only=true ;;
+    --no-doc) run_doc=false ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    *) cargo_args+=("$1") ;;
+  esac
+  shift
+done
+
+scope=(--workspace)
+for a in "${cargo_args[@]+"${cargo_args[@]}"}"; do
+  case "$a" in -p | --package | -p* | --package=*) scope=() ;; esac
+done
+
+T0="$(mr_now)"
+section() { printf '\n==== %s  [+%s]\n' "$*" "$(mr_since "$T0")" >&2; }
+
+STATE=""
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [[ -n "$STATE" ]]; then
+    section "teardown"
+    mr_services_down "$STATE" || true
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+section "services: PostgreSQL 15 + RabbitMQ"
+STATE="$(mktemp -d "${TMPDIR:-/tmp}/mailroom-test.XXXXXX")"
+t="$(mr_now)"
+mr_services_up "$STATE"
+export MAILROOM_TEST_POSTGRES_URL="$MR_PG_URL"
+export MAILROOM_TEST_AMQP_URL="$MR_AMQP_URL"
+mr_log "services ready in $(mr_since "$t")"
+cat "$STATE/env" >&2
+
+if $services_only; then
+  section "services running: paste the exports above in another shell; Ctrl-C to stop"
+  # Background sleep + wait so INT/TERM reach the trap at once.
+  while :; do sleep 3600 & wait $!; done
+fi
+
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  section "installing cargo-nextest (not found)"
+  cargo install --locked cargo-nextest
+fi
+
+rc=0
+section "cargo nextest run ${scope[*]} --no-fail-fast ${cargo_args[*]}"
+t="$(mr_now)"
+cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}" || rc=$?
+mr_log "nextest finished (exit $rc) in $(mr_since "$t")"
+
+if $run_doc; then
+  section "cargo test ${scope[*]} --doc ${cargo_args[*]}"
+  t="$(mr_now)"
+  doc_rc=0
+  cargo test "${scope[@]}" --doc "${cargo_args[@]+"${cargo_args[@]}"}" || doc_rc=$?
+  mr_log "doctests finished (exit $doc_rc) in $(mr_since "$t")"
+  ((rc != 0)) || rc=$doc_rc
+fi
+
+if ((rc == 0)); then section "tests passed"; else section "tests FAILED (exit $rc)"; fi
+exit "$rc"
