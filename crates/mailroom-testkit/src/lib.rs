@@ -1,0 +1,120 @@
+//! Test helpers for mailroom's integration tests against real servers.
+//!
+//! `./scripts/test.sh` (or `scripts/services.sh up`) starts a throwaway
+//! PostgreSQL 15 and a private RabbitMQ node and exports:
+//!
+//! * [`POSTGRES_URL_VAR`] = `postgres://postgres@127.0.0.1:<port>/postgres`
+//!   (a superuser, so tests may `CREATE DATABASE`);
+//! * [`AMQP_URL_VAR`] = `amqp://guest:guest@127.0.0.1:<port>/%2f`.
+//!
+//! Both helpers **panic** when their variable is missing: a test that needs
+//! a server must fail, never silently skip, when the server is not there.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let url = mailroom_testkit::fresh_postgres_db().await;
+//! // connect your store to `url`: an empty database nobody else uses
+//! let amqp = mailroom_testkit::amqp_url();
+//! # let _ = (url, amqp);
+//! # }
+//! ```
+
+use sqlx::Connection as _;
+
+/// Environment variable holding the admin URL of the test PostgreSQL server.
+pub const POSTGRES_URL_VAR: &str = "MAILROOM_TEST_POSTGRES_URL";
+/// Environment variable holding the URL of the test RabbitMQ broker.
+pub const AMQP_URL_VAR: &str = "MAILROOM_TEST_AMQP_URL";
+
+fn required_env(var: &str) -> String {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => panic!(
+            "{var} is not set: this test needs a real server. \
+             Run the tests with ./scripts/test.sh (it starts PostgreSQL and RabbitMQ \
+             and exports {POSTGRES_URL_VAR} / {AMQP_URL_VAR}), or start them with \
+             `scripts/services.sh up` and `eval \"$(scripts/services.sh env)\"`."
+        ),
+    }
+}
+
+/// The admin URL of the test PostgreSQL server (`MAILROOM_TEST_POSTGRES_URL`).
+///
+/// # Panics
+/// If the variable is not set.
+pub fn postgres_admin_url() -> String {
+    required_env(POSTGRES_URL_VAR)
+}
+
+/// The URL of the test RabbitMQ broker (`MAILROOM_TEST_AMQP_URL`).
+///
+/// # Panics
+/// If the variable is not set.
+pub fn amqp_url() -> String {
+    required_env(AMQP_URL_VAR)
+}
+
+/// Creates a new, empty, uniquely named database on the test PostgreSQL
+/// server and returns its URL. Databases are not dropped: the server is
+/// thrown away at the end of the run.
+///
+/// # Panics
+/// If `MAILROOM_TEST_POSTGRES_URL` is not set, or the server cannot be
+/// reached, or `CREATE DATABASE` fails.
+pub async fn fresh_postgres_db() -> String {
+    let admin = postgres_admin_url();
+    let name = format!("mailroom_test_{}", uuid::Uuid::now_v7().simple());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}={admin}: {e}"));
+    // The name is ours (prefix + hex), so quoting is enough.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin}: {e}"));
+    // Closing is best effort; the database already exists.
+    let _ = conn.close().await;
+    with_database(&admin, &name)
+}
+
+/// `url` with its database (path) replaced by `db`, keeping any query string.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |i| authority_start + i);
+    let mut out = format!("{}/{db}", &base[..path_start]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{required_env, with_database};
+
+    #[test]
+    #[should_panic(expected = "MAILROOM_TEST_NEVER_SET_BY_ANYONE is not set")]
+    fn missing_env_panics_instead_of_skipping() {
+        let _ = required_env("MAILROOM_TEST_NEVER_SET_BY_ANYONE");
+    }
+
+    #[test]
+    fn replaces_database_in_url() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h:1/postgres?sslmode=disable", "x"),
+            "postgres://u:p@h:1/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h:1", "x"), "postgres://h:1/x");
+    }
+}
