@@ -1,0 +1,761 @@
+//! The conformance tests, one async function of a fresh store each.
+//!
+//! Tests panic on failure (they are tests); every store call's error is
+//! shown in the panic message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::event;
+use bytes::Bytes;
+use mailroom_core::{
+    AttemptOutcome, ClaimRequest, Claimed, Completion, EventId, FencingToken, ListFilter, OnDead,
+    Retention, Status, Store, StoreError,
+};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+type S = Arc<dyn Store>;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn req(topic: &str, max: u32) -> ClaimRequest {
+    ClaimRequest {
+        topic: topic.into(),
+        worker: "w1".into(),
+        max,
+        lease: Duration::from_secs(30),
+        per_key: None,
+    }
+}
+
+fn seq_req(topic: &str, max: u32, on_dead: OnDead) -> ClaimRequest {
+    ClaimRequest {
+        per_key: Some(on_dead),
+        ..req(topic, max)
+    }
+}
+
+async fn insert(s: &S, topic: &str, dedup: &str, key: Option<&str>) -> EventId {
+    s.insert(event(topic, dedup, key)).await.unwrap().id
+}
+
+async fn claim(s: &S, r: &ClaimRequest) -> Vec<Claimed> {
+    s.claim(r).await.unwrap()
+}
+
+fn ids(claimed: &[Claimed]) -> Vec<EventId> {
+    claimed.iter().map(|c| c.event.id).collect()
+}
+
+fn dead(error: &str) -> Completion {
+    Completion::Dead {
+        error: error.into(),
+    }
+}
+
+fn retry(error: &str, delay: Duration) -> Completion {
+    Completion::Retry {
+        delay,
+        error: error.into(),
+    }
+}
+
+/// Lets the store clock move past leases of a millisecond.
+async fn tick() {
+    tokio::time::sleep(Duration::from_millis(15)).await;
+}
+
+/// Insert then get returns every envelope field unchanged, as a due pending event.
+pub async fn insert_then_get_round_trips_every_field(s: S) {
+    let before = s.now().await.unwrap();
+    let mut new = event("orders", "evt-1", Some("customer-7"));
+    new.correlation_id = Some("corr-1".into());
+    new.causation_id = Some("cause-1".into());
+    new.content_type = Some("application/octet-stream".into());
+    new.payload = Bytes::from_static(b"\x00\xffbinary");
+    new.max_attempts = 9;
+    let answer = s.insert(new.clone()).await.unwrap();
+    assert_eq!(answer.id, new.id);
+    assert!(!answer.duplicate);
+    let got = s.get(new.id).await.unwrap().expect("stored");
+    assert_eq!(got.id, new.id);
+    assert_eq!(got.source, new.source);
+    assert_eq!(got.topic, new.topic);
+    assert_eq!(got.dedup_key, new.dedup_key);
+    assert_eq!(got.key, new.key);
+    assert_eq!(got.event_type, new.event_type);
+    assert_eq!(got.correlation_id, new.correlation_id);
+    assert_eq!(got.causation_id, new.causation_id);
+    assert_eq!(got.content_type, new.content_type);
+    assert_eq!(got.payload, Some(new.payload.clone()));
+    assert_eq!(got.max_attempts, 9);
+    assert_eq!(got.status, Status::Pending);
+    assert_eq!(got.attempts, 0);
+    assert!(got.history.is_empty());
+    assert!(got.last_error.is_none());
+    assert!(got.lease_until.is_none());
+    let after = s.now().await.unwrap();
+    let slack = jiff::SignedDuration::from_millis(1);
+    assert!(got.received_at >= before - slack && got.received_at <= after + slack);
+    let due = got.next_attempt_at.expect("pending events have a due time");
+    assert!(due <= after + slack, "a new event is due now");
+
+    let mut bare = event("orders", "evt-2", None);
+    bare.event_type = None;
+    bare.content_type = None;
+    bare.payload = Bytes::new();
+    s.insert(bare.clone()).await.unwrap();
+    let got = s.get(bare.id).await.unwrap().unwrap();
+    assert_eq!(got.key, None);
+    assert_eq!(got.event_type, None);
+    assert_eq!(got.content_type, None);
+    assert_eq!(
+        got.payload,
+        Some(Bytes::new()),
+        "an empty payload is not a purged one"
+    );
+}
+
+/// A repeated (source, dedup key) is answered with the stored id, `duplicate: true`, and changes nothing.
+pub async fn duplicate_is_answered_with_the_same_id(s: S) {
+    let first = event("orders", "evt-1", None);
+    let a = s.insert(first.clone()).await.unwrap();
+    let mut again = event("other-topic", "evt-1", Some("k"));
+    again.payload = Bytes::from_static(b"different");
+    let b = s.insert(again.clone()).await.unwrap();
+    assert_eq!(b.id, a.id);
+    assert!(b.duplicate);
+    assert!(
+        s.get(again.id).await.unwrap().is_none(),
+        "the duplicate's own id is not stored"
+    );
+    let stored = s.get(a.id).await.unwrap().unwrap();
+    assert_eq!(stored.payload, Some(first.payload));
+    assert_eq!(stored.topic, "orders");
+    // The dedup key is unique per source, not globally.
+    let mut elsewhere = event("orders", "evt-1", None);
+    elsewhere.source = "another-source".into();
+    let c = s.insert(elsewhere).await.unwrap();
+    assert!(!c.duplicate);
+    assert_ne!(c.id, a.id);
+}
+
+/// Of 50 concurrent inserts of one dedup key, exactly one is not a duplicate, all get its id, one event is stored.
+pub async fn concurrent_duplicates_store_exactly_one_event(s: S) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let s = Arc::clone(&s);
+        tasks.spawn(async move { s.insert(event("orders", "same", None)).await.unwrap() });
+    }
+    let answers = tasks.join_all().await;
+    assert_eq!(answers.iter().filter(|a| !a.duplicate).count(), 1);
+    let ids: HashSet<EventId> = answers.iter().map(|a| a.id).collect();
+    assert_eq!(ids.len(), 1);
+    let page = s.list(&ListFilter::default()).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+}
+
+/// Running the migrations again is harmless and keeps the data.
+pub async fn migrate_is_idempotent(s: S) {
+    let id = insert(&s, "orders", "evt-1", None).await;
+    s.migrate().await.unwrap();
+    s.migrate().await.unwrap();
+    assert!(s.get(id).await.unwrap().is_some());
+}
+
+/// Operations on an id that was never stored answer NotFound (get answers None).
+pub async fn unknown_ids_are_not_found(s: S) {
+    let id = EventId::new();
+    assert!(s.get(id).await.unwrap().is_none());
+    let nf = |r: Result<(), StoreError>| assert!(matches!(r, Err(StoreError::NotFound)), "{r:?}");
+    nf(s.complete(id, FencingToken(1), Completion::Done).await);
+    nf(s.extend(id, FencingToken(1), HOUR).await.map(drop));
+    nf(s.replay(id, 3).await.map(drop));
+    nf(s.skip(id).await.map(drop));
+}
+
+/// A claim takes only due pending events of its topic, at most `max`, and marks them running under a lease.
+pub async fn claim_respects_due_time_and_max(s: S) {
+    let later = insert(&s, "orders", "later", None).await;
+    let c = claim(&s, &req("orders", 1)).await;
+    s.complete(c[0].event.id, c[0].token, retry("boom", HOUR))
+        .await
+        .unwrap();
+    assert_eq!(c[0].event.id, later);
+    for i in 0..5 {
+        insert(&s, "orders", &format!("now-{i}"), None).await;
+    }
+    insert(&s, "elsewhere", "x", None).await;
+    let now = s.now().await.unwrap();
+    let first = claim(&s, &req("orders", 3)).await;
+    assert_eq!(first.len(), 3);
+    let second = claim(&s, &req("orders", 10)).await;
+    assert_eq!(second.len(), 2, "the retrying event is not due for an hour");
+    assert!(claim(&s, &req("orders", 10)).await.is_empty());
+    assert!(claim(&s, &req("orders", 0)).await.is_empty());
+    for c in first.iter().chain(&second) {
+        assert_ne!(c.event.id, later);
+        assert_eq!(c.event.status, Status::Running);
+        assert_eq!(c.event.attempts, 1);
+        assert_eq!(c.token, FencingToken(1));
+        assert!(c.lease_until >= now + jiff::SignedDuration::from_secs(29));
+        let stored = s.get(c.event.id).await.unwrap().unwrap();
+        assert_eq!(stored.status, Status::Running);
+        assert_eq!(stored.lease_until, Some(c.lease_until));
+    }
+}
+
+/// Claims hand out events in arrival order.
+pub async fn claim_takes_oldest_arrival_first(s: S) {
+    let mut inserted = Vec::new();
+    for i in 0..10 {
+        inserted.push(insert(&s, "orders", &format!("e{i}"), None).await);
+    }
+    let mut claimed = ids(&claim(&s, &req("orders", 4)).await);
+    claimed.extend(ids(&claim(&s, &req("orders", 100)).await));
+    assert_eq!(claimed, inserted);
+}
+
+/// Two claimers racing over the same topic never receive the same event.
+pub async fn concurrent_claimers_never_share_an_event(s: S) {
+    for i in 0..200 {
+        insert(&s, "orders", &format!("e{i}"), None).await;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..4 {
+        let s = Arc::clone(&s);
+        tasks.spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let mut r = req("orders", 7);
+                r.worker = format!("w{w}");
+                let got = s.claim(&r).await.unwrap();
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(ids(&got));
+            }
+        });
+    }
+    let all: Vec<EventId> = tasks.join_all().await.into_iter().flatten().collect();
+    let unique: HashSet<EventId> = all.iter().copied().collect();
+    assert_eq!(all.len(), 200);
+    assert_eq!(unique.len(), 200);
+}
+
+/// After lease expiry, rescue and a new claim, the old token is StaleToken and the new one completes.
+pub async fn stale_token_is_rejected_after_rescue_and_reclaim(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let mut short = req("orders", 1);
+    short.lease = Duration::from_millis(1);
+    let old = claim(&s, &short).await.remove(0);
+    tick().await;
+    assert_eq!(s.rescue_expired().await.unwrap(), 1);
+    let new = claim(&s, &req("orders", 1)).await.remove(0);
+    assert_eq!(new.event.id, id);
+    assert!(new.token > old.token);
+    let stale = s.complete(id, old.token, Completion::Done).await;
+    assert!(matches!(stale, Err(StoreError::StaleToken)), "{stale:?}");
+    s.complete(id, new.token, Completion::Done).await.unwrap();
+    let again = s.complete(id, new.token, Completion::Done).await;
+    assert!(
+        matches!(again, Err(StoreError::StaleToken)),
+        "a token completes once: {again:?}"
+    );
+    assert_eq!(s.get(id).await.unwrap().unwrap().status, Status::Done);
+}
+
+/// Extend pushes the lease with the current token and refuses any other.
+pub async fn extend_needs_the_current_token(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    let until = s.extend(id, c.token, HOUR).await.unwrap();
+    assert!(until > c.lease_until);
+    assert_eq!(s.get(id).await.unwrap().unwrap().lease_until, Some(until));
+    let wrong = s.extend(id, FencingToken(c.token.0 + 1), HOUR).await;
+    assert!(matches!(wrong, Err(StoreError::StaleToken)), "{wrong:?}");
+    // An extended lease is not rescued.
+    assert_eq!(s.rescue_expired().await.unwrap(), 0);
+}
+
+/// Rescue returns an expired running event to pending due now, counts the attempt, and records `lease_expired`.
+pub async fn rescue_counts_the_attempt_as_lease_expired(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let mut short = req("orders", 1);
+    short.lease = Duration::from_millis(1);
+    short.worker = "crashed-worker".into();
+    claim(&s, &short).await;
+    insert(&s, "orders", "still-leased", None).await;
+    claim(&s, &req("orders", 1)).await;
+    tick().await;
+    assert_eq!(
+        s.rescue_expired().await.unwrap(),
+        1,
+        "only the expired lease"
+    );
+    let e = s.get(id).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Pending);
+    assert_eq!(e.attempts, 1);
+    assert!(e.next_attempt_at.unwrap() <= s.now().await.unwrap());
+    assert_eq!(e.history.len(), 1);
+    assert_eq!(e.history[0].attempt, 1);
+    assert_eq!(e.history[0].outcome, AttemptOutcome::LeaseExpired);
+    assert_eq!(e.history[0].worker.as_deref(), Some("crashed-worker"));
+    let again = claim(&s, &req("orders", 1)).await.remove(0);
+    assert_eq!(again.event.id, id);
+    assert_eq!(again.token, FencingToken(2));
+}
+
+/// Rescue sends an event whose attempts are spent to dead instead of pending.
+pub async fn rescue_sends_an_exhausted_event_dead(s: S) {
+    let mut new = event("orders", "e", None);
+    new.max_attempts = 1;
+    let id = s.insert(new).await.unwrap().id;
+    let mut short = req("orders", 1);
+    short.lease = Duration::from_millis(1);
+    claim(&s, &short).await;
+    tick().await;
+    assert_eq!(s.rescue_expired().await.unwrap(), 1);
+    let e = s.get(id).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Dead);
+    assert_eq!(e.history[0].outcome, AttemptOutcome::LeaseExpired);
+    assert!(claim(&s, &req("orders", 1)).await.is_empty());
+}
+
+/// Retry makes the event pending again, due `delay` after completion on the store clock.
+pub async fn retry_is_due_after_the_delay_on_the_store_clock(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    let before = s.now().await.unwrap();
+    s.complete(
+        id,
+        c.token,
+        retry("503 from handler", Duration::from_secs(120)),
+    )
+    .await
+    .unwrap();
+    let after = s.now().await.unwrap();
+    let e = s.get(id).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Pending);
+    assert_eq!(e.last_error.as_deref(), Some("503 from handler"));
+    let due = e.next_attempt_at.unwrap();
+    let slack = jiff::SignedDuration::from_millis(2);
+    let delay = jiff::SignedDuration::from_secs(120);
+    assert!(
+        due >= before + delay - slack && due <= after + delay + slack,
+        "{due}"
+    );
+    assert!(claim(&s, &req("orders", 1)).await.is_empty());
+    // A zero delay is due at once.
+    insert(&s, "orders", "f", None).await;
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    s.complete(c.event.id, c.token, retry("again", Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(ids(&claim(&s, &req("orders", 1)).await), vec![c.event.id]);
+}
+
+/// The history records each attempt's number, outcome, error, worker and times, oldest first.
+pub async fn history_records_every_attempt(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let mut r = req("orders", 1);
+    r.worker = "alpha".into();
+    let c = claim(&s, &r).await.remove(0);
+    s.complete(id, c.token, retry("first failure", Duration::ZERO))
+        .await
+        .unwrap();
+    r.worker = "beta".into();
+    let c = claim(&s, &r).await.remove(0);
+    s.complete(id, c.token, Completion::Done).await.unwrap();
+    let e = s.get(id).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Done);
+    assert_eq!(e.attempts, 2);
+    assert_eq!(e.last_error.as_deref(), Some("first failure"));
+    let h = &e.history;
+    assert_eq!(h.len(), 2);
+    assert_eq!((h[0].attempt, h[0].outcome), (1, AttemptOutcome::Retry));
+    assert_eq!(h[0].error.as_deref(), Some("first failure"));
+    assert_eq!(h[0].worker.as_deref(), Some("alpha"));
+    assert_eq!((h[1].attempt, h[1].outcome), (2, AttemptOutcome::Done));
+    assert_eq!(h[1].error, None);
+    assert_eq!(h[1].worker.as_deref(), Some("beta"));
+    for a in h {
+        assert!(a.finished_at.unwrap() >= a.started_at);
+    }
+    assert!(h[1].started_at >= h[0].finished_at.unwrap());
+}
+
+/// Replay of a dead event gives `attempts + budget` and attempt numbers continue from the last.
+pub async fn replay_gives_a_fresh_budget_and_attempts_keep_counting(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    s.complete(id, c.token, dead("410 gone")).await.unwrap();
+    let e = s.replay(id, 5).await.unwrap();
+    assert_eq!(e.status, Status::Pending);
+    assert_eq!(e.attempts, 1);
+    assert_eq!(e.max_attempts, 6);
+    assert!(e.next_attempt_at.unwrap() <= s.now().await.unwrap());
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    assert_eq!(c.event.id, id);
+    assert_eq!(c.token, FencingToken(2));
+    s.complete(id, c.token, Completion::Done).await.unwrap();
+    let e = s.get(id).await.unwrap().unwrap();
+    let numbers: Vec<u32> = e.history.iter().map(|a| a.attempt).collect();
+    assert_eq!(numbers, vec![1, 2]);
+    assert_eq!(e.history[0].outcome, AttemptOutcome::Dead);
+    // Done events replay too.
+    assert_eq!(s.replay(id, 1).await.unwrap().max_attempts, 3);
+}
+
+/// Replaying a running event is a Conflict and leaves it running.
+pub async fn replay_of_a_running_event_conflicts(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    let r = s.replay(id, 3).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    s.complete(id, c.token, Completion::Done).await.unwrap();
+}
+
+/// Bulk replay touches only non-running events matching the filter and says how many.
+pub async fn replay_matching_replays_only_matching_non_running_events(s: S) {
+    for i in 0..3 {
+        insert(&s, "orders", &format!("d{i}"), None).await;
+    }
+    for c in claim(&s, &req("orders", 3)).await {
+        s.complete(c.event.id, c.token, dead("x")).await.unwrap();
+    }
+    insert(&s, "orders", "running", None).await;
+    let running = claim(&s, &req("orders", 1)).await.remove(0);
+    insert(&s, "other", "o", None).await;
+    let filter = ListFilter {
+        topic: Some("orders".into()),
+        status: Some(Status::Dead),
+        limit: 1,
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        s.replay_matching(&filter, 2).await.unwrap(),
+        3,
+        "limit is ignored"
+    );
+    let all_orders = ListFilter {
+        topic: Some("orders".into()),
+        ..ListFilter::default()
+    };
+    for e in s.list(&all_orders).await.unwrap().events {
+        if e.id == running.event.id {
+            assert_eq!(e.status, Status::Running);
+        } else {
+            assert_eq!(e.status, Status::Pending);
+            assert_eq!(e.max_attempts, 3);
+        }
+    }
+    assert_eq!(
+        s.replay_matching(&all_orders, 2).await.unwrap(),
+        3,
+        "running one skipped"
+    );
+}
+
+/// Only a dead event can be skipped; anything else is a Conflict.
+pub async fn skip_only_from_dead(s: S) {
+    let id = insert(&s, "orders", "e", None).await;
+    assert!(matches!(s.skip(id).await, Err(StoreError::Conflict(_))));
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    assert!(matches!(s.skip(id).await, Err(StoreError::Conflict(_))));
+    s.complete(id, c.token, dead("bad")).await.unwrap();
+    let e = s.skip(id).await.unwrap();
+    assert_eq!(e.status, Status::Skipped);
+    assert!(matches!(s.skip(id).await, Err(StoreError::Conflict(_))));
+}
+
+/// Sequential claims: a key's events go one at a time, in arrival order, each only after the previous is done.
+pub async fn per_key_claims_one_at_a_time_in_arrival_order(s: S) {
+    let a1 = insert(&s, "seq", "a1", Some("A")).await;
+    let a2 = insert(&s, "seq", "a2", Some("A")).await;
+    let a3 = insert(&s, "seq", "a3", Some("A")).await;
+    let r = seq_req("seq", 10, OnDead::Block);
+    let c = claim(&s, &r).await;
+    assert_eq!(ids(&c), vec![a1]);
+    assert!(claim(&s, &r).await.is_empty(), "a2 waits while a1 runs");
+    // A retrying head keeps its key blocked.
+    s.complete(a1, c[0].token, retry("later", HOUR))
+        .await
+        .unwrap();
+    assert!(claim(&s, &r).await.is_empty(), "a2 waits while a1 retries");
+    let a1_again = s.replay(a1, 1).await.unwrap();
+    assert_eq!(a1_again.status, Status::Pending);
+    let c = claim(&s, &r).await;
+    assert_eq!(ids(&c), vec![a1]);
+    s.complete(a1, c[0].token, Completion::Done).await.unwrap();
+    let c = claim(&s, &r).await;
+    assert_eq!(ids(&c), vec![a2]);
+    s.complete(a2, c[0].token, Completion::Done).await.unwrap();
+    assert_eq!(ids(&claim(&s, &r).await), vec![a3]);
+}
+
+/// With OnDead::Block a dead head holds its key until it is skipped (or replayed).
+pub async fn per_key_dead_head_blocks_with_block(s: S) {
+    let a1 = insert(&s, "seq", "a1", Some("A")).await;
+    let a2 = insert(&s, "seq", "a2", Some("A")).await;
+    let r = seq_req("seq", 10, OnDead::Block);
+    let c = claim(&s, &r).await;
+    s.complete(a1, c[0].token, dead("poison")).await.unwrap();
+    assert!(claim(&s, &r).await.is_empty(), "dead head blocks");
+    assert_eq!(s.next_due(&r).await.unwrap(), None, "nothing claimable");
+    s.skip(a1).await.unwrap();
+    assert_eq!(ids(&claim(&s, &r).await), vec![a2]);
+}
+
+/// With OnDead::Skip a dead head does not hold its key back.
+pub async fn per_key_dead_head_lets_the_next_go_with_skip(s: S) {
+    let a1 = insert(&s, "seq", "a1", Some("A")).await;
+    let a2 = insert(&s, "seq", "a2", Some("A")).await;
+    let r = seq_req("seq", 10, OnDead::Skip);
+    let c = claim(&s, &r).await;
+    assert_eq!(ids(&c), vec![a1]);
+    assert!(claim(&s, &r).await.is_empty(), "still one at a time");
+    s.complete(a1, c[0].token, dead("poison")).await.unwrap();
+    assert_eq!(ids(&claim(&s, &r).await), vec![a2]);
+}
+
+/// Different keys run in parallel, and events without a key are independent of each other.
+pub async fn per_key_keys_run_in_parallel_and_keyless_events_are_independent(s: S) {
+    let a1 = insert(&s, "seq", "a1", Some("A")).await;
+    let _a2 = insert(&s, "seq", "a2", Some("A")).await;
+    let b1 = insert(&s, "seq", "b1", Some("B")).await;
+    let n1 = insert(&s, "seq", "n1", None).await;
+    let n2 = insert(&s, "seq", "n2", None).await;
+    let _other = insert(&s, "other", "a-elsewhere", Some("A")).await;
+    let r = seq_req("seq", 10, OnDead::Block);
+    assert_eq!(ids(&claim(&s, &r).await), vec![a1, b1, n1, n2]);
+    // The same key in another topic is another key.
+    assert_eq!(
+        claim(&s, &seq_req("other", 10, OnDead::Block)).await.len(),
+        1
+    );
+}
+
+/// Even when an earlier event is replayed while a later one of its key runs, one key never has two running events.
+pub async fn per_key_never_runs_two_events_of_one_key(s: S) {
+    let a1 = insert(&s, "seq", "a1", Some("A")).await;
+    let a2 = insert(&s, "seq", "a2", Some("A")).await;
+    let r = seq_req("seq", 10, OnDead::Block);
+    let c = claim(&s, &r).await;
+    s.complete(a1, c[0].token, Completion::Done).await.unwrap();
+    let c2 = claim(&s, &r).await;
+    assert_eq!(ids(&c2), vec![a2]);
+    s.replay(a1, 1).await.unwrap();
+    assert!(claim(&s, &r).await.is_empty(), "a2 is running");
+    s.complete(a2, c2[0].token, Completion::Done).await.unwrap();
+    assert_eq!(ids(&claim(&s, &r).await), vec![a1]);
+}
+
+/// next_due is the earliest time a claim could take something: None when empty, only heads for sequential topics.
+pub async fn next_due_reports_the_earliest_claimable_time(s: S) {
+    let r = req("orders", 10);
+    assert_eq!(s.next_due(&r).await.unwrap(), None);
+    let id = insert(&s, "orders", "e", None).await;
+    let due = s.next_due(&r).await.unwrap().unwrap();
+    assert!(due <= s.now().await.unwrap());
+    let c = claim(&s, &r).await.remove(0);
+    assert_eq!(
+        s.next_due(&r).await.unwrap(),
+        None,
+        "running is not pending"
+    );
+    s.complete(id, c.token, retry("x", HOUR)).await.unwrap();
+    let later = s.next_due(&r).await.unwrap().unwrap();
+    assert_eq!(
+        Some(later),
+        s.get(id).await.unwrap().unwrap().next_attempt_at
+    );
+    // Sequential: an event behind a retrying head of its key is not claimable.
+    let sr = seq_req("seq", 10, OnDead::Block);
+    let h = insert(&s, "seq", "h", Some("K")).await;
+    let hc = claim(&s, &sr).await.remove(0);
+    s.complete(h, hc.token, retry("x", HOUR)).await.unwrap();
+    insert(&s, "seq", "behind", Some("K")).await;
+    let head_due = s.next_due(&sr).await.unwrap().unwrap();
+    assert_eq!(
+        Some(head_due),
+        s.get(h).await.unwrap().unwrap().next_attempt_at
+    );
+}
+
+/// Lists are newest first, filter by topic, status and key, and page with cursors without gaps or repeats.
+pub async fn list_filters_and_pages_newest_first(s: S) {
+    let mut inserted = Vec::new();
+    for i in 0..25 {
+        let topic = if i % 2 == 0 { "even" } else { "odd" };
+        let key = if i % 5 == 0 { Some("five") } else { None };
+        inserted.push(insert(&s, topic, &format!("e{i}"), key).await);
+    }
+    let all = s.list(&ListFilter::default()).await.unwrap();
+    let newest_first: Vec<EventId> = inserted.iter().rev().copied().collect();
+    assert_eq!(
+        all.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        newest_first
+    );
+    assert_eq!(all.next_cursor, None);
+    assert!(all.events.iter().all(|e| e.history.is_empty()));
+
+    let mut paged = Vec::new();
+    let mut filter = ListFilter {
+        limit: 10,
+        ..ListFilter::default()
+    };
+    loop {
+        let page = s.list(&filter).await.unwrap();
+        assert!(page.events.len() <= 10);
+        paged.extend(page.events.iter().map(|e| e.id));
+        match page.next_cursor {
+            Some(cursor) => filter.cursor = Some(cursor),
+            None => break,
+        }
+    }
+    assert_eq!(paged, newest_first);
+
+    let even = ListFilter {
+        topic: Some("even".into()),
+        ..ListFilter::default()
+    };
+    assert_eq!(s.list(&even).await.unwrap().events.len(), 13);
+    let five = ListFilter {
+        key: Some("five".into()),
+        ..ListFilter::default()
+    };
+    assert_eq!(s.list(&five).await.unwrap().events.len(), 5);
+    let c = claim(&s, &req("odd", 2)).await;
+    let running = ListFilter {
+        topic: Some("odd".into()),
+        status: Some(Status::Running),
+        ..ListFilter::default()
+    };
+    let listed: Vec<EventId> = s
+        .list(&running)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(listed, vec![c[1].event.id, c[0].event.id]);
+    let nothing = ListFilter {
+        topic: Some("even".into()),
+        status: Some(Status::Dead),
+        ..ListFilter::default()
+    };
+    assert!(s.list(&nothing).await.unwrap().events.is_empty());
+}
+
+/// Stats count events per status and topic, report the oldest pending arrival and the keys blocked by a dead head.
+pub async fn stats_count_statuses_oldest_pending_and_blocked_keys(s: S) {
+    assert!(s.stats().await.unwrap().is_empty());
+    let first = insert(&s, "seq", "a1", Some("A")).await;
+    insert(&s, "seq", "a2", Some("A")).await;
+    insert(&s, "seq", "b1", Some("B")).await;
+    insert(&s, "seq", "c1", Some("C")).await;
+    insert(&s, "other", "o1", None).await;
+    let r = seq_req("seq", 10, OnDead::Block);
+    let c = claim(&s, &r).await;
+    assert_eq!(c.len(), 3);
+    // A and B die; C stays running. A has a pending event behind; B has none.
+    for cl in &c {
+        if cl.event.key.as_deref() != Some("C") {
+            s.complete(cl.event.id, cl.token, dead("x")).await.unwrap();
+        }
+    }
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.len(), 2);
+    let seq = stats.iter().find(|t| t.topic == "seq").unwrap();
+    assert_eq!(seq.count(Status::Dead), 2);
+    assert_eq!(seq.count(Status::Pending), 1);
+    assert_eq!(seq.count(Status::Running), 1);
+    assert_eq!(seq.count(Status::Done), 0);
+    assert_eq!(seq.blocked_keys, 2, "a dead head blocks its key");
+    let a2 = s.get(first).await.unwrap().unwrap();
+    assert!(seq.oldest_pending.unwrap() >= a2.received_at);
+    let other = stats.iter().find(|t| t.topic == "other").unwrap();
+    assert_eq!(other.count(Status::Pending), 1);
+    assert_eq!(other.blocked_keys, 0);
+    assert!(other.oldest_pending.is_some());
+    // Skipping A's head unblocks A.
+    s.skip(first).await.unwrap();
+    let stats = s.stats().await.unwrap();
+    let seq = stats.iter().find(|t| t.topic == "seq").unwrap();
+    assert_eq!(seq.blocked_keys, 1);
+    assert_eq!(seq.count(Status::Skipped), 1);
+}
+
+async fn finish(s: &S, topic: &str, completion: Completion) -> EventId {
+    let c = claim(s, &req(topic, 1)).await.remove(0);
+    s.complete(c.event.id, c.token, completion).await.unwrap();
+    c.event.id
+}
+
+/// Purge drops payloads of old done and dead events but keeps their rows, so a re-delivery is still a duplicate.
+pub async fn purge_drops_payloads_but_keeps_dedup(s: S) {
+    insert(&s, "orders", "done", None).await;
+    let done = finish(&s, "orders", Completion::Done).await;
+    insert(&s, "orders", "dead", None).await;
+    let dead_id = finish(&s, "orders", dead("x")).await;
+    let pending = insert(&s, "orders", "pending", None).await;
+    tick().await;
+    let keep = Retention {
+        done: HOUR,
+        dead: HOUR,
+        dedup: HOUR,
+    };
+    assert_eq!(
+        s.purge(keep).await.unwrap(),
+        Default::default(),
+        "nothing is old enough"
+    );
+    let report = s
+        .purge(Retention {
+            done: Duration::ZERO,
+            dead: Duration::ZERO,
+            dedup: HOUR,
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.payloads_dropped, 2);
+    assert_eq!(report.rows_deleted, 0);
+    for id in [done, dead_id] {
+        let e = s.get(id).await.unwrap().unwrap();
+        assert_eq!(e.payload, None);
+        assert_eq!(e.history.len(), 1);
+    }
+    assert!(s.get(pending).await.unwrap().unwrap().payload.is_some());
+    let again = s.insert(event("orders", "done", None)).await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.id, done);
+}
+
+/// Purge deletes finished rows (and history) past the dedup window, which ends dedup for them; open events stay.
+pub async fn purge_deletes_rows_past_the_dedup_window(s: S) {
+    insert(&s, "orders", "done", None).await;
+    let done = finish(&s, "orders", Completion::Done).await;
+    insert(&s, "orders", "dead", None).await;
+    let dead_id = finish(&s, "orders", dead("x")).await;
+    let pending = insert(&s, "orders", "pending", None).await;
+    tick().await;
+    let report = s
+        .purge(Retention {
+            done: Duration::ZERO,
+            dead: Duration::ZERO,
+            dedup: Duration::ZERO,
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.rows_deleted, 1);
+    assert!(s.get(done).await.unwrap().is_none());
+    assert!(
+        s.get(dead_id).await.unwrap().is_some(),
+        "dead events wait for an operator"
+    );
+    assert!(s.get(pending).await.unwrap().is_some());
+    let again = s.insert(event("orders", "done", None)).await.unwrap();
+    assert!(!again.duplicate, "the dedup window has passed");
+}

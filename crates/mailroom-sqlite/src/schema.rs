@@ -1,0 +1,93 @@
+//! The schema, as an ordered list of migrations.
+//!
+//! Operators may query these tables (`sqlite3 mailroom.db`), so columns are
+//! named plainly; times are INTEGER milliseconds since the Unix epoch.
+
+use crate::sql::db;
+use mailroom_core::Result;
+use rusqlite::Connection;
+
+/// Migration `n` is `MIGRATIONS[n - 1]`. Append only; never edit a shipped one.
+const MIGRATIONS: &[&str] = &[
+    // 1: events and their attempt history.
+    "
+    CREATE TABLE events (
+        seq             INTEGER PRIMARY KEY AUTOINCREMENT, -- arrival (= commit) order
+        id              TEXT    NOT NULL UNIQUE,           -- UUIDv7
+        source          TEXT    NOT NULL,
+        topic           TEXT    NOT NULL,
+        dedup_key       TEXT    NOT NULL,
+        key             TEXT,
+        type            TEXT,
+        status          TEXT    NOT NULL
+                        CHECK (status IN ('pending', 'running', 'done', 'dead', 'skipped')),
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        max_attempts    INTEGER NOT NULL,
+        next_attempt_at INTEGER,                           -- set while pending
+        received_at     INTEGER NOT NULL,
+        lease_until     INTEGER,                           -- set while running
+        started_at      INTEGER,                           -- start of the current/last attempt
+        worker          TEXT,                              -- worker of the current/last attempt
+        correlation_id  TEXT,
+        causation_id    TEXT,
+        content_type    TEXT,
+        payload         BLOB,                              -- NULL once retention dropped it
+        last_error      TEXT,
+        UNIQUE (source, dedup_key)
+    );
+    -- Claims scan one topic's pending events in arrival order.
+    CREATE INDEX events_claim ON events (topic, status, seq, next_attempt_at);
+    -- Sequential topics: the open events of a key, to find its head.
+    CREATE INDEX events_open_keys ON events (topic, key, seq)
+        WHERE key IS NOT NULL AND status IN ('pending', 'running', 'dead');
+    -- Running events only: lease rescue, and 'is this key busy?'.
+    CREATE INDEX events_running ON events (topic, key) WHERE status = 'running';
+
+    CREATE TABLE attempts (
+        event_seq   INTEGER NOT NULL,                      -- events.seq
+        attempt     INTEGER NOT NULL,                      -- 1-based, keeps counting across replays
+        started_at  INTEGER NOT NULL,
+        finished_at INTEGER,
+        outcome     TEXT    NOT NULL
+                    CHECK (outcome IN ('done', 'retry', 'dead', 'lease_expired')),
+        error       TEXT,
+        worker      TEXT,
+        PRIMARY KEY (event_seq, attempt)
+    ) WITHOUT ROWID;
+    ",
+];
+
+/// Applies the missing migrations. Runs on the writer thread inside its
+/// `BEGIN IMMEDIATE` transaction, so a second process starting at the same
+/// time waits for the lock and then finds nothing left to do.
+pub(crate) fn migrate(conn: &Connection, now_ms: i64) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version    INTEGER PRIMARY KEY,
+            applied_at INTEGER NOT NULL
+        )",
+    )
+    .map_err(db("creating schema_migrations"))?;
+    let current: i64 = conn
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db("reading the schema version"))?;
+    for (index, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
+        if version <= current {
+            continue;
+        }
+        conn.execute_batch(sql)
+            .map_err(db("applying a schema migration"))?;
+        conn.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+            (version, now_ms),
+        )
+        .map_err(db("recording a schema migration"))?;
+        tracing::info!(version, "applied SQLite schema migration");
+    }
+    Ok(())
+}

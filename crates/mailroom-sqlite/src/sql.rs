@@ -1,0 +1,655 @@
+//! The SQL of every store operation, as plain functions of a connection.
+//!
+//! Write operations run on the writer thread inside its group transaction
+//! (each in its own savepoint); reads run on a pooled read connection.
+
+use bytes::Bytes;
+use jiff::Timestamp;
+use mailroom_core::{
+    Attempt, AttemptOutcome, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
+    Inserted, KeyCursor, ListFilter, NewEvent, OnDead, Page, PurgeReport, Result, Retention,
+    Status, StoreError, TopicStats,
+};
+use rusqlite::types::FromSql;
+use rusqlite::{Connection, OptionalExtension, Row, ToSql};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Default and largest page of a listing.
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+/// Rows one purge step touches, so a purge never holds the writer for long.
+pub(crate) const PURGE_CHUNK: i64 = 2000;
+
+/// The columns [`event_from_row`] decodes, in order.
+macro_rules! event_cols {
+    () => {
+        "seq, id, source, topic, dedup_key, key, type, status, attempts, max_attempts, \
+         next_attempt_at, received_at, correlation_id, causation_id, content_type, payload, \
+         last_error, lease_until"
+    };
+}
+
+/// Maps a database error to [`StoreError::Unavailable`], saying what was being done.
+pub(crate) fn db(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |e| StoreError::Unavailable(format!("sqlite: {context}: {e}"))
+}
+
+/// The store clock, in stored units.
+pub(crate) fn now_ms() -> i64 {
+    Timestamp::now().as_millisecond()
+}
+
+/// `at + d`, saturating at the largest instant a [`Timestamp`] can hold.
+pub(crate) fn after(at: i64, d: Duration) -> i64 {
+    let d = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    at.saturating_add(d).min(Timestamp::MAX.as_millisecond())
+}
+
+/// `at − d`, saturating at the smallest instant.
+pub(crate) fn before(at: i64, d: Duration) -> i64 {
+    let d = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    at.saturating_sub(d).max(Timestamp::MIN.as_millisecond())
+}
+
+pub(crate) fn ts(ms: i64) -> Result<Timestamp> {
+    Timestamp::from_millisecond(ms)
+        .map_err(|e| StoreError::Corrupt(format!("timestamp {ms} out of range: {e}")))
+}
+
+fn opt_ts(ms: Option<i64>) -> Result<Option<Timestamp>> {
+    ms.map(ts).transpose()
+}
+
+fn col<T: FromSql>(row: &Row<'_>, i: usize) -> Result<T> {
+    row.get(i)
+        .map_err(|e| StoreError::Corrupt(format!("events column {i}: {e}")))
+}
+
+/// Decodes a row selected with `event_cols!()`; returns its `seq` too.
+fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
+    let id: String = col(row, 1)?;
+    let status: String = col(row, 7)?;
+    let event = Event {
+        id: id
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("event id {id:?}: {e}")))?,
+        source: col(row, 2)?,
+        topic: col(row, 3)?,
+        dedup_key: col(row, 4)?,
+        key: col(row, 5)?,
+        event_type: col(row, 6)?,
+        status: status.parse().map_err(StoreError::Corrupt)?,
+        attempts: col(row, 8)?,
+        max_attempts: col(row, 9)?,
+        next_attempt_at: opt_ts(col(row, 10)?)?,
+        received_at: ts(col(row, 11)?)?,
+        correlation_id: col(row, 12)?,
+        causation_id: col(row, 13)?,
+        content_type: col(row, 14)?,
+        payload: col::<Option<Vec<u8>>>(row, 15)?.map(Bytes::from),
+        last_error: col(row, 16)?,
+        lease_until: opt_ts(col(row, 17)?)?,
+        history: Vec::new(),
+    };
+    Ok((col(row, 0)?, event))
+}
+
+/// Runs a query returning `event_cols!()` rows.
+fn query_events(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn ToSql],
+    context: &'static str,
+) -> Result<Vec<(i64, Event)>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(db(context))?;
+    let mut rows = stmt.query(params).map_err(db(context))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(db(context))? {
+        out.push(event_from_row(row)?);
+    }
+    Ok(out)
+}
+
+fn event_by_id(conn: &Connection, id: EventId) -> Result<Option<(i64, Event)>> {
+    let id = id.to_string();
+    Ok(query_events(
+        conn,
+        concat!("SELECT ", event_cols!(), " FROM events WHERE id = ?1"),
+        &[&id],
+        "reading an event",
+    )?
+    .pop())
+}
+
+fn history(conn: &Connection, seq: i64) -> Result<Vec<Attempt>> {
+    const CTX: &str = "reading attempt history";
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT attempt, started_at, finished_at, outcome, error, worker
+             FROM attempts WHERE event_seq = ?1 ORDER BY attempt",
+        )
+        .map_err(db(CTX))?;
+    let mut rows = stmt.query([seq]).map_err(db(CTX))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let outcome: String = col(row, 3)?;
+        out.push(Attempt {
+            attempt: col(row, 0)?,
+            started_at: ts(col(row, 1)?)?,
+            finished_at: opt_ts(col(row, 2)?)?,
+            outcome: outcome.parse().map_err(StoreError::Corrupt)?,
+            error: col(row, 4)?,
+            worker: col(row, 5)?,
+        });
+    }
+    Ok(out)
+}
+
+/// One event with its history.
+pub(crate) fn get(conn: &Connection, id: EventId) -> Result<Option<Event>> {
+    match event_by_id(conn, id)? {
+        None => Ok(None),
+        Some((seq, mut event)) => {
+            event.history = history(conn, seq)?;
+            Ok(Some(event))
+        }
+    }
+}
+
+pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Inserted> {
+    const CTX: &str = "inserting an event";
+    let id = e.id.to_string();
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts,
+                 max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
+                 content_type, payload)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?8, ?8, ?9, ?10, ?11, ?12)
+             ON CONFLICT (source, dedup_key) DO NOTHING",
+        )
+        .map_err(db(CTX))?
+        .execute((
+            &id,
+            &e.source,
+            &e.topic,
+            &e.dedup_key,
+            &e.key,
+            &e.event_type,
+            e.max_attempts,
+            now,
+            &e.correlation_id,
+            &e.causation_id,
+            &e.content_type,
+            &e.payload[..],
+        ))
+        .map_err(db(CTX))?;
+    if inserted == 1 {
+        return Ok(Inserted {
+            id: e.id,
+            duplicate: false,
+        });
+    }
+    let stored: String = conn
+        .prepare_cached("SELECT id FROM events WHERE source = ?1 AND dedup_key = ?2")
+        .map_err(db(CTX))?
+        .query_row((&e.source, &e.dedup_key), |r| r.get(0))
+        .map_err(db(CTX))?;
+    let id = stored
+        .parse()
+        .map_err(|err| StoreError::Corrupt(format!("event id {stored:?}: {err}")))?;
+    Ok(Inserted {
+        id,
+        duplicate: true,
+    })
+}
+
+/// The head rule of sequential topics, for an outer event `e`: no earlier
+/// open event of its key blocks it, and no event of its key is running.
+macro_rules! head_of_key {
+    ($blocking:literal) => {
+        concat!(
+            "(e.key IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM events p
+                    WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
+                      AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq ",
+            $blocking,
+            ")
+                AND NOT EXISTS (SELECT 1 FROM events r
+                    WHERE r.topic = e.topic AND r.key = e.key AND r.status = 'running')))"
+        )
+    };
+}
+// With OnDead::Skip a dead event does not hold its key back.
+macro_rules! head_block {
+    () => {
+        head_of_key!("")
+    };
+}
+macro_rules! head_skip {
+    () => {
+        head_of_key!("AND p.status <> 'dead'")
+    };
+}
+
+macro_rules! claim_sql {
+    ($cond:expr) => {
+        concat!(
+            "UPDATE events
+             SET status = 'running', attempts = attempts + 1, lease_until = ?1,
+                 started_at = ?2, worker = ?3, next_attempt_at = NULL
+             WHERE seq IN (
+                 SELECT e.seq FROM events e
+                 WHERE e.topic = ?4 AND e.status = 'pending' AND e.next_attempt_at <= ?2 AND ",
+            $cond,
+            " ORDER BY e.seq LIMIT ?5)
+             RETURNING ",
+            event_cols!()
+        )
+    };
+}
+
+pub(crate) fn claim(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Vec<Claimed>> {
+    let sql = match req.per_key {
+        None => claim_sql!("1"),
+        Some(OnDead::Block) => claim_sql!(head_block!()),
+        Some(OnDead::Skip) => claim_sql!(head_skip!()),
+    };
+    let lease_until = after(now, req.lease);
+    let mut rows = query_events(
+        conn,
+        sql,
+        &[&lease_until, &now, &req.worker, &req.topic, &req.max],
+        "claiming events",
+    )?;
+    // RETURNING comes in no particular order; hand out oldest arrival first.
+    rows.sort_unstable_by_key(|(seq, _)| *seq);
+    let until = ts(lease_until)?;
+    Ok(rows
+        .into_iter()
+        .map(|(_, event)| Claimed {
+            token: FencingToken(event.attempts),
+            lease_until: until,
+            event,
+        })
+        .collect())
+}
+
+macro_rules! next_due_sql {
+    ($cond:expr) => {
+        concat!(
+            "SELECT MIN(e.next_attempt_at) FROM events e
+             WHERE e.topic = ?1 AND e.status = 'pending' AND ",
+            $cond
+        )
+    };
+}
+
+pub(crate) fn next_due(conn: &Connection, req: &ClaimRequest) -> Result<Option<Timestamp>> {
+    let sql = match req.per_key {
+        None => next_due_sql!("1"),
+        Some(OnDead::Block) => next_due_sql!(head_block!()),
+        Some(OnDead::Skip) => next_due_sql!(head_skip!()),
+    };
+    let due: Option<i64> = conn
+        .prepare_cached(sql)
+        .map_err(db("finding the next due event"))?
+        .query_row([&req.topic], |r| r.get(0))
+        .map_err(db("finding the next due event"))?;
+    opt_ts(due)
+}
+
+/// `StaleToken` if the event exists, else `NotFound`.
+fn stale_or_missing(conn: &Connection, id: &str) -> StoreError {
+    let found = conn
+        .prepare_cached("SELECT 1 FROM events WHERE id = ?1")
+        .and_then(|mut s| s.exists([id]));
+    match found {
+        Ok(true) => StoreError::StaleToken,
+        Ok(false) => StoreError::NotFound,
+        Err(e) => db("checking a fencing token")(e),
+    }
+}
+
+pub(crate) fn complete(
+    conn: &Connection,
+    id: EventId,
+    token: FencingToken,
+    completion: &Completion,
+    now: i64,
+) -> Result<()> {
+    const CTX: &str = "completing an attempt";
+    let (status, next, error, outcome) = match completion {
+        Completion::Done => (Status::Done, None, None, AttemptOutcome::Done),
+        Completion::Retry { delay, error } => (
+            Status::Pending,
+            Some(after(now, *delay)),
+            Some(error.as_str()),
+            AttemptOutcome::Retry,
+        ),
+        Completion::Dead { error } => (
+            Status::Dead,
+            None,
+            Some(error.as_str()),
+            AttemptOutcome::Dead,
+        ),
+    };
+    let id = id.to_string();
+    let row: Option<(i64, i64, Option<String>)> = conn
+        .prepare_cached(
+            "UPDATE events
+             SET status = ?1, next_attempt_at = ?2, lease_until = NULL,
+                 last_error = COALESCE(?3, last_error)
+             WHERE id = ?4 AND status = 'running' AND attempts = ?5
+             RETURNING seq, started_at, worker",
+        )
+        .map_err(db(CTX))?
+        .query_row((status.as_str(), next, error, &id, token.0), |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .map_err(db(CTX))?;
+    let Some((seq, started_at, worker)) = row else {
+        return Err(stale_or_missing(conn, &id));
+    };
+    conn.prepare_cached(
+        "INSERT INTO attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .map_err(db(CTX))?
+    .execute((
+        seq,
+        token.0,
+        started_at,
+        now,
+        outcome.as_str(),
+        error,
+        worker,
+    ))
+    .map_err(db(CTX))?;
+    Ok(())
+}
+
+pub(crate) fn extend(
+    conn: &Connection,
+    id: EventId,
+    token: FencingToken,
+    lease: Duration,
+    now: i64,
+) -> Result<Timestamp> {
+    let id = id.to_string();
+    let until = after(now, lease);
+    let changed = conn
+        .prepare_cached(
+            "UPDATE events SET lease_until = ?1
+             WHERE id = ?2 AND status = 'running' AND attempts = ?3",
+        )
+        .map_err(db("extending a lease"))?
+        .execute((until, &id, token.0))
+        .map_err(db("extending a lease"))?;
+    if changed == 0 {
+        return Err(stale_or_missing(conn, &id));
+    }
+    ts(until)
+}
+
+pub(crate) fn rescue_expired(conn: &Connection, now: i64) -> Result<u64> {
+    const CTX: &str = "rescuing expired leases";
+    conn.prepare_cached(
+        "INSERT INTO attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+         SELECT seq, attempts, COALESCE(started_at, ?1), ?1, 'lease_expired', 'lease expired', worker
+         FROM events WHERE status = 'running' AND lease_until < ?1",
+    )
+    .map_err(db(CTX))?
+    .execute([now])
+    .map_err(db(CTX))?;
+    let rescued = conn
+        .prepare_cached(
+            "UPDATE events
+             SET status = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+                 next_attempt_at = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?1 END,
+                 lease_until = NULL, last_error = 'lease expired'
+             WHERE status = 'running' AND lease_until < ?1",
+        )
+        .map_err(db(CTX))?
+        .execute([now])
+        .map_err(db(CTX))?;
+    Ok(rescued as u64)
+}
+
+pub(crate) fn replay(conn: &Connection, id: EventId, budget: u32, now: i64) -> Result<Event> {
+    const CTX: &str = "replaying an event";
+    let Some((seq, event)) = event_by_id(conn, id)? else {
+        return Err(StoreError::NotFound);
+    };
+    if event.status == Status::Running {
+        return Err(StoreError::Conflict(format!(
+            "event {id} is running; wait for its attempt to end"
+        )));
+    }
+    conn.prepare_cached(
+        "UPDATE events
+         SET status = 'pending', max_attempts = attempts + ?1, next_attempt_at = ?2,
+             lease_until = NULL
+         WHERE seq = ?3",
+    )
+    .map_err(db(CTX))?
+    .execute((budget, now, seq))
+    .map_err(db(CTX))?;
+    get(conn, id)?.ok_or(StoreError::NotFound)
+}
+
+/// ` AND ...` conditions and their parameters for a filter.
+fn filter_sql(filter: &ListFilter) -> (String, Vec<Box<dyn ToSql>>) {
+    let mut sql = String::new();
+    let mut params: Vec<Box<dyn ToSql>> = Vec::new();
+    if let Some(topic) = &filter.topic {
+        params.push(Box::new(topic.clone()));
+        sql.push_str(&format!(" AND topic = ?{}", params.len()));
+    }
+    if let Some(status) = filter.status {
+        params.push(Box::new(status.as_str()));
+        sql.push_str(&format!(" AND status = ?{}", params.len()));
+    }
+    if let Some(key) = &filter.key {
+        params.push(Box::new(key.clone()));
+        sql.push_str(&format!(" AND key = ?{}", params.len()));
+    }
+    (sql, params)
+}
+
+pub(crate) fn replay_matching(
+    conn: &Connection,
+    filter: &ListFilter,
+    budget: u32,
+    now: i64,
+) -> Result<u64> {
+    let (cond, mut params) = filter_sql(filter);
+    params.push(Box::new(budget));
+    params.push(Box::new(now));
+    let n = params.len();
+    let sql = format!(
+        "UPDATE events
+         SET status = 'pending', max_attempts = attempts + ?{}, next_attempt_at = ?{n},
+             lease_until = NULL
+         WHERE status <> 'running'{cond}",
+        n - 1
+    );
+    let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
+    let changed = conn
+        .prepare_cached(&sql)
+        .map_err(db("replaying events"))?
+        .execute(&refs[..])
+        .map_err(db("replaying events"))?;
+    Ok(changed as u64)
+}
+
+pub(crate) fn skip(conn: &Connection, id: EventId) -> Result<Event> {
+    let Some((seq, event)) = event_by_id(conn, id)? else {
+        return Err(StoreError::NotFound);
+    };
+    if event.status != Status::Dead {
+        return Err(StoreError::Conflict(format!(
+            "only dead events can be skipped; event {id} is {}",
+            event.status
+        )));
+    }
+    conn.prepare_cached("UPDATE events SET status = 'skipped' WHERE seq = ?1")
+        .map_err(db("skipping an event"))?
+        .execute([seq])
+        .map_err(db("skipping an event"))?;
+    get(conn, id)?.ok_or(StoreError::NotFound)
+}
+
+pub(crate) fn list(conn: &Connection, filter: &ListFilter) -> Result<Page> {
+    const CTX: &str = "listing events";
+    let limit = match filter.limit {
+        0 => DEFAULT_LIMIT,
+        n => n.min(MAX_LIMIT),
+    };
+    let (mut cond, mut params) = filter_sql(filter);
+    if let Some(KeyCursor(after_id)) = filter.cursor {
+        let seq: Option<i64> = conn
+            .prepare_cached("SELECT seq FROM events WHERE id = ?1")
+            .map_err(db(CTX))?
+            .query_row([after_id.to_string()], |r| r.get(0))
+            .optional()
+            .map_err(db(CTX))?;
+        let seq = seq.ok_or_else(|| {
+            StoreError::Invalid(format!("cursor {after_id} names no stored event"))
+        })?;
+        params.push(Box::new(seq));
+        cond.push_str(&format!(" AND seq < ?{}", params.len()));
+    }
+    // One row more than the page tells whether another page follows.
+    params.push(Box::new(i64::from(limit) + 1));
+    let sql = format!(
+        concat!(
+            "SELECT ",
+            event_cols!(),
+            " FROM events WHERE 1{} ORDER BY seq DESC LIMIT ?{}"
+        ),
+        cond,
+        params.len()
+    );
+    let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
+    let mut events: Vec<Event> = query_events(conn, &sql, &refs, CTX)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    let next_cursor = if events.len() > limit as usize {
+        events.truncate(limit as usize);
+        events.last().map(|e| KeyCursor(e.id))
+    } else {
+        None
+    };
+    Ok(Page {
+        events,
+        next_cursor,
+    })
+}
+
+pub(crate) fn stats(conn: &Connection) -> Result<Vec<TopicStats>> {
+    const CTX: &str = "computing stats";
+    let mut by_topic: BTreeMap<String, TopicStats> = BTreeMap::new();
+    {
+        let mut stmt = conn
+            .prepare_cached("SELECT topic, status, COUNT(*) FROM events GROUP BY topic, status")
+            .map_err(db(CTX))?;
+        let mut rows = stmt.query([]).map_err(db(CTX))?;
+        while let Some(row) = rows.next().map_err(db(CTX))? {
+            let topic: String = col(row, 0)?;
+            let status: String = col(row, 1)?;
+            let count: i64 = col(row, 2)?;
+            let status: Status = status.parse().map_err(StoreError::Corrupt)?;
+            let entry = by_topic.entry(topic.clone()).or_insert_with(|| TopicStats {
+                topic,
+                ..TopicStats::default()
+            });
+            entry
+                .counts
+                .insert(status.as_str(), u64::try_from(count).unwrap_or(0));
+        }
+    }
+    for stats in by_topic.values_mut() {
+        // Arrival order: the first pending row is the oldest (replays keep their place).
+        let oldest: Option<i64> = conn
+            .prepare_cached(
+                "SELECT received_at FROM events WHERE topic = ?1 AND status = 'pending'
+                 ORDER BY seq LIMIT 1",
+            )
+            .map_err(db(CTX))?
+            .query_row([&stats.topic], |r| r.get(0))
+            .optional()
+            .map_err(db(CTX))?;
+        stats.oldest_pending = opt_ts(oldest)?;
+        if stats.count(Status::Dead) > 0 {
+            let blocked: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(DISTINCT e.key) FROM events e
+                     WHERE e.topic = ?1 AND e.status = 'dead' AND e.key IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM events p
+                           WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
+                             AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq)",
+                )
+                .map_err(db(CTX))?
+                .query_row([&stats.topic], |r| r.get(0))
+                .map_err(db(CTX))?;
+            stats.blocked_keys = u64::try_from(blocked).unwrap_or(0);
+        }
+    }
+    Ok(by_topic.into_values().collect())
+}
+
+/// One bounded step of a purge; the caller repeats it until it reports
+/// less than [`PURGE_CHUNK`] of each kind.
+pub(crate) fn purge_step(
+    conn: &Connection,
+    retention: &Retention,
+    now: i64,
+) -> Result<PurgeReport> {
+    const CTX: &str = "applying retention";
+    let done_before = before(now, retention.done);
+    let dead_before = before(now, retention.dead);
+    let dedup_before = before(now, retention.dedup);
+
+    // Finished rows past the dedup window go first, with their history.
+    let doomed: Vec<i64> = {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT seq FROM events
+                 WHERE status IN ('done', 'skipped') AND received_at < ?1 LIMIT ?2",
+            )
+            .map_err(db(CTX))?;
+        let rows = stmt
+            .query_map((dedup_before, PURGE_CHUNK), |r| r.get(0))
+            .map_err(db(CTX))?;
+        rows.collect::<rusqlite::Result<_>>().map_err(db(CTX))?
+    };
+    for seq in &doomed {
+        conn.prepare_cached("DELETE FROM attempts WHERE event_seq = ?1")
+            .map_err(db(CTX))?
+            .execute([seq])
+            .map_err(db(CTX))?;
+        conn.prepare_cached("DELETE FROM events WHERE seq = ?1")
+            .map_err(db(CTX))?
+            .execute([seq])
+            .map_err(db(CTX))?;
+    }
+    let dropped = conn
+        .prepare_cached(
+            "UPDATE events SET payload = NULL WHERE seq IN (
+                 SELECT seq FROM events
+                 WHERE payload IS NOT NULL
+                   AND ((status IN ('done', 'skipped') AND received_at < ?1)
+                     OR (status = 'dead' AND received_at < ?2))
+                 LIMIT ?3)",
+        )
+        .map_err(db(CTX))?
+        .execute((done_before, dead_before, PURGE_CHUNK))
+        .map_err(db(CTX))?;
+    Ok(PurgeReport {
+        payloads_dropped: dropped as u64,
+        rows_deleted: doomed.len() as u64,
+    })
+}

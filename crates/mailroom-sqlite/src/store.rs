@@ -1,0 +1,217 @@
+//! [`SqliteStore`]: the [`Store`] trait over one SQLite file.
+
+use crate::options::SqliteOptions;
+use crate::reader::ReadPool;
+use crate::sql::{self, db, now_ms};
+use crate::writer::{WhenFull, Writer};
+use jiff::Timestamp;
+use mailroom_core::{
+    ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
+    NewEvent, Page, PurgeReport, Result, Retention, Store, StoreError, TopicStats,
+};
+use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The embedded store: one SQLite file in WAL mode with `synchronous=FULL`,
+/// one writer thread that groups concurrent writes into shared commits, and
+/// a small pool of read connections.
+///
+/// Cheap to clone; the writer thread stops (after finishing queued writes)
+/// when the last clone is dropped. Call [`Store::migrate`] once before use.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    writer: Writer,
+    reads: Arc<ReadPool>,
+}
+
+/// Opens a connection with the pragmas every mailroom connection needs.
+pub(crate) fn open_connection(path: &Path, busy: Duration, read_only: bool) -> Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI
+    } else {
+        OpenFlags::default()
+    };
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| StoreError::Unavailable(format!("sqlite: opening {}: {e}", path.display())))?;
+    conn.busy_timeout(busy)
+        .map_err(db("setting busy_timeout"))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    if !read_only {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(db("enabling WAL"))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Unavailable(format!(
+                "sqlite: {} refused WAL mode (journal_mode is {mode})",
+                path.display()
+            )));
+        }
+    }
+    // FULL: a commit is on disk (WAL fsynced) before anyone is told (SPEC §2.1).
+    conn.execute_batch(
+        "PRAGMA synchronous = FULL;
+         PRAGMA foreign_keys = OFF;
+         PRAGMA temp_store = MEMORY;
+         PRAGMA cache_size = -16000;",
+    )
+    .map_err(db("setting pragmas"))?;
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and starts the writer
+    /// thread. Does not migrate: call [`Store::migrate`].
+    pub fn open(opts: SqliteOptions) -> Result<SqliteStore> {
+        opts.validate()?;
+        let conn = open_connection(&opts.path, opts.busy_timeout, false)?;
+        let writer = Writer::start(conn, &opts)?;
+        let reads = Arc::new(ReadPool::new(
+            opts.path.clone(),
+            opts.busy_timeout,
+            opts.readers,
+        ));
+        Ok(SqliteStore {
+            inner: Arc::new(Inner { writer, reads }),
+        })
+    }
+
+    /// Write transactions committed by this handle's writer thread so far;
+    /// with group commit, far fewer than the writes it carried.
+    pub fn commits(&self) -> u64 {
+        self.inner.writer.commits()
+    }
+
+    async fn write<F, T>(&self, when_full: WhenFull, work: F) -> Result<T>
+    where
+        F: FnOnce(&Connection, i64) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        // The clock is read on the writer thread, when the write runs.
+        self.inner
+            .writer
+            .call(when_full, move |conn| work(conn, now_ms()))
+            .await
+    }
+
+    async fn read<F, T>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.inner.reads.run(work).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        self.write(WhenFull::Wait, crate::schema::migrate).await
+    }
+
+    async fn insert(&self, event: NewEvent) -> Result<Inserted> {
+        self.write(WhenFull::Shed, move |c, now| sql::insert(c, &event, now))
+            .await
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>> {
+        if req.max == 0 {
+            return Ok(Vec::new());
+        }
+        let req = req.clone();
+        self.write(WhenFull::Wait, move |c, now| sql::claim(c, &req, now))
+            .await
+    }
+
+    async fn complete(
+        &self,
+        id: EventId,
+        token: FencingToken,
+        completion: Completion,
+    ) -> Result<()> {
+        self.write(WhenFull::Shed, move |c, now| {
+            sql::complete(c, id, token, &completion, now)
+        })
+        .await
+    }
+
+    async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp> {
+        self.write(WhenFull::Wait, move |c, now| {
+            sql::extend(c, id, token, lease, now)
+        })
+        .await
+    }
+
+    async fn rescue_expired(&self) -> Result<u64> {
+        self.write(WhenFull::Wait, sql::rescue_expired).await
+    }
+
+    async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {
+        let req = req.clone();
+        self.read(move |c| sql::next_due(c, &req)).await
+    }
+
+    async fn get(&self, id: EventId) -> Result<Option<Event>> {
+        self.read(move |c| sql::get(c, id)).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Page> {
+        let filter = filter.clone();
+        self.read(move |c| sql::list(c, &filter)).await
+    }
+
+    async fn replay(&self, id: EventId, budget: u32) -> Result<Event> {
+        self.write(WhenFull::Wait, move |c, now| {
+            sql::replay(c, id, budget, now)
+        })
+        .await
+    }
+
+    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64> {
+        let filter = filter.clone();
+        self.write(WhenFull::Wait, move |c, now| {
+            sql::replay_matching(c, &filter, budget, now)
+        })
+        .await
+    }
+
+    async fn skip(&self, id: EventId) -> Result<Event> {
+        self.write(WhenFull::Wait, move |c, _| sql::skip(c, id))
+            .await
+    }
+
+    async fn stats(&self) -> Result<Vec<TopicStats>> {
+        self.read(sql::stats).await
+    }
+
+    async fn purge(&self, retention: Retention) -> Result<PurgeReport> {
+        // Bounded steps, each its own write, so intake keeps flowing meanwhile.
+        let now = now_ms();
+        let mut total = PurgeReport::default();
+        loop {
+            let step = self
+                .write(WhenFull::Wait, move |c, _| {
+                    sql::purge_step(c, &retention, now)
+                })
+                .await?;
+            total.payloads_dropped += step.payloads_dropped;
+            total.rows_deleted += step.rows_deleted;
+            let chunk = sql::PURGE_CHUNK as u64;
+            if step.payloads_dropped < chunk && step.rows_deleted < chunk {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(Timestamp::now())
+    }
+}
