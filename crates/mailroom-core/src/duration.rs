@@ -7,7 +7,9 @@ use std::time::Duration;
 
 /// Why a duration string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {input:?}: expected a number and a unit (ms, s, m, h, d), e.g. \"2s\" or \"7d\"")]
+#[error(
+    "invalid duration {input:?}: expected a number and a unit (ms, s, m, h, d), e.g. \"2s\" or \"7d\""
+)]
 pub struct ParseDurationError {
     /// The text that was refused.
     pub input: String,
@@ -45,7 +47,12 @@ pub fn parse(input: &str) -> Result<Duration, ParseDurationError> {
 /// Formats a duration back into the shortest exact form `parse` accepts.
 pub fn format(d: Duration) -> String {
     let ms = d.as_millis();
-    const UNITS: [(u128, &str); 4] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1000, "s")];
+    const UNITS: [(u128, &str); 4] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ];
     for (size, unit) in UNITS {
         if ms >= size && ms % size == 0 {
             return format!("{}{unit}", ms / size);

@@ -138,3 +138,14 @@ mod tests {
         );
     }
 }
+
+/// Lets handlers return `Result<(), E>`: `Ok` is success, `Err` a retryable
+/// failure whose text is kept in the history.
+impl<E: std::fmt::Display> From<Result<(), E>> for Outcome {
+    fn from(r: Result<(), E>) -> Self {
+        match r {
+            Ok(()) => Outcome::Success,
+            Err(e) => Outcome::retry(e.to_string()),
+        }
+    }
+}

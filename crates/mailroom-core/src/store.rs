@@ -131,8 +131,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Records the end of an attempt, only if `token` is still current
     /// ([`StoreError::StaleToken`](crate::StoreError::StaleToken) otherwise).
     /// Appends the attempt to the history.
-    async fn complete(&self, id: EventId, token: FencingToken, completion: Completion)
-    -> Result<()>;
+    async fn complete(
+        &self,
+        id: EventId,
+        token: FencingToken,
+        completion: Completion,
+    ) -> Result<()>;
 
     /// Pushes the lease of a running event to now + `lease`, only if `token`
     /// is current. Returns the new end.

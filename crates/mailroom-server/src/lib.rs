@@ -1,1 +1,111 @@
-//! mailroom-server (under construction)
+//! # mailroom-server
+//!
+//! The HTTP face of a [`mailroom::Engine`], as an axum [`Router`] a host
+//! application can nest, plus [`serve`] to run it with an injected shutdown.
+//!
+//! - [`webhooks`]: `POST /webhooks/{source}` — verify, dedup, commit, then 200.
+//! - [`api`]: `/v1/events` (list, show, replay, skip), `/v1/replay`, `/v1/stats`.
+//! - `/metrics` (Prometheus text, rendered by the binary's exporter),
+//!   `/healthz`, `/readyz`.
+//!
+//! Only this crate knows HTTP routing; the engine knows nothing of axum.
+
+pub mod api;
+mod auth;
+pub mod problem;
+pub mod webhooks;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use http::StatusCode;
+use mailroom::Engine;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Renders the Prometheus exposition (installed by the binary, so this crate
+/// stays free of a global recorder).
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What the router needs besides the engine.
+#[derive(Clone, Default)]
+pub struct ServerOptions {
+    /// Bearer tokens for `/v1/*` (none configured: open, loopback only).
+    pub api_tokens: Vec<String>,
+    /// Serves `/metrics` when set.
+    pub metrics: Option<MetricsRenderer>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("api_tokens", &self.api_tokens.len())
+            .field("metrics", &self.metrics.is_some())
+            .finish()
+    }
+}
+
+/// Shared state of every route.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Engine,
+    /// Options.
+    pub options: Arc<ServerOptions>,
+}
+
+/// The whole HTTP surface.
+pub fn router(engine: Engine, options: ServerOptions) -> Router {
+    let state = AppState {
+        engine,
+        options: Arc::new(options),
+    };
+    let v1 = api::routes().route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_token,
+    ));
+    Router::new()
+        // Each source has its own max_body; the webhook route enforces it.
+        .route(
+            "/webhooks/{source}",
+            post(webhooks::receive).layer(DefaultBodyLimit::disable()),
+        )
+        .nest("/v1", v1)
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    match &s.options.metrics {
+        Some(render) => (
+            StatusCode::OK,
+            [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            render(),
+        )
+            .into_response(),
+        None => problem::Problem::not_found("metrics are not enabled").into_response(),
+    }
+}
+
+async fn ready(State(s): State<AppState>) -> impl IntoResponse {
+    match s.engine.store().now().await {
+        Ok(_) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => problem::Problem::unavailable(format!("store unreachable: {e}")).into_response(),
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown`; then stops accepting and
+/// finishes requests in flight (so nothing half-committed is answered).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}

@@ -1,1 +1,56 @@
-//! mailroom (under construction)
+//! # mailroom
+//!
+//! Reliable event intake and processing — the transactional inbox and outbox
+//! — as an embeddable engine. The data path, top to bottom:
+//!
+//! 1. **intake** ([`intake`]): a webhook request (or [`Engine::enqueue`]) is
+//!    verified, its dedup key / type / ordering key read, and a
+//!    [`NewEvent`] built;
+//! 2. **store** ([`mailroom_core::Store`]): the event is committed durably and
+//!    deduplicated before anyone is answered (SQLite by default, grouped
+//!    commits);
+//! 3. **dispatcher** (`dispatch`): one loop per topic claims due events under
+//!    leases with fencing tokens, up to the topic's concurrency;
+//! 4. **handler** ([`handler`]): HTTP, command, or your own async closure;
+//! 5. **outcome**: the handler's [`Outcome`] is resolved by the topic's
+//!    [`RetryPolicy`] into done / retry-later / dead and stored with the
+//!    claim's token.
+//!
+//! Configuration ([`config`]) and topology ([`topology`]) describe topics and
+//! sources; the HTTP server lives in `mailroom-server`, the CLI in
+//! `mailroom-cli`.
+//!
+//! ```no_run
+//! use mailroom::{Draft, Engine, TopicSpec, handler::handler_fn};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = mailroom::open_store("sqlite://app.db", true).await?;
+//! store.migrate().await?;
+//! let engine = Engine::builder(store)
+//!     .topic(TopicSpec::new("emails").concurrency(8))
+//!     .handler("emails", handler_fn(|event: mailroom::Event| async move {
+//!         println!("sending {}", event.id);
+//!         Ok::<(), String>(())
+//!     }))
+//!     .build()?;
+//! engine.enqueue(Draft::json("emails", &serde_json::json!({"to": "a@b.c"})).dedup_key("welcome-1")).await?;
+//! let shutdown = CancellationToken::new();
+//! engine.run(shutdown).await;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+mod dispatch;
+mod engine;
+pub mod handler;
+mod handler_config;
+pub mod intake;
+mod observe;
+mod open;
+pub mod topology;
+
+pub use engine::{BuildError, Draft, Engine, EngineBuilder};
+pub use mailroom_core::*;
+pub use open::open_store;
+pub use topology::{Field, SourceSpec, TopicSpec};

@@ -1,0 +1,111 @@
+//! The one HTTP error type: RFC 9457 `application/problem+json`. Inner
+//! causes are logged, never leaked beyond what the client needs.
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use mailroom::StoreError;
+use mailroom::intake::IntakeError;
+
+/// An error answer.
+#[derive(Debug)]
+pub struct Problem {
+    status: StatusCode,
+    title: &'static str,
+    detail: String,
+    retry_after: Option<u32>,
+}
+
+impl Problem {
+    /// A problem with `status`, a short `title` and a human `detail`.
+    pub fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "Bad Request", detail)
+    }
+
+    /// 404.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "Not Found", detail)
+    }
+
+    /// 503 with `Retry-After`.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Service Unavailable",
+            detail,
+        );
+        p.retry_after = Some(1);
+        p
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        let mut resp = (self.status, body.to_string()).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+impl From<StoreError> for Problem {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => Problem::not_found("no such event"),
+            StoreError::StaleToken => Problem::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                "stale fencing token: the lease was lost",
+            ),
+            StoreError::Conflict(m) => Problem::new(StatusCode::CONFLICT, "Conflict", m),
+            StoreError::Invalid(m) => Problem::bad_request(m),
+            StoreError::Overloaded => {
+                Problem::unavailable("the write queue is full; retry shortly")
+            }
+            other => {
+                tracing::error!(error = %other, "store error");
+                Problem::unavailable("the store is unavailable; nothing was stored")
+            }
+        }
+    }
+}
+
+impl From<IntakeError> for Problem {
+    fn from(e: IntakeError) -> Self {
+        match e {
+            IntakeError::UnknownSource(s) => Problem::not_found(format!("unknown source {s:?}")),
+            IntakeError::Unauthorized(v) => {
+                Problem::new(StatusCode::UNAUTHORIZED, "Unauthorized", v.to_string())
+            }
+            IntakeError::TooLarge { limit } => Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Payload Too Large",
+                format!("the body exceeds this source's max_body of {limit} bytes"),
+            ),
+            IntakeError::BadRequest(m) => Problem::bad_request(m),
+            IntakeError::Store(s) => s.into(),
+            other => Problem::bad_request(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,710 @@
+//! `mailroom.toml`: the file format of SPEC §9, loaded in layers —
+//! documented defaults (the `Default` impls and `serde(default)`s below) →
+//! the file → `MAILROOM_*` environment overrides — with `${VAR}`
+//! interpolation in every string value, then validated.
+//!
+//! Every error names the file, the key path (`topic[0].retry.base`) and what
+//! is wrong; `serve` refuses to start on any of them.
+
+use mailroom_core::duration;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration error, naming where it is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{file}: not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        file: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A key has a wrong value, or is unknown.
+    #[error("{file}: {key}: {message}")]
+    Invalid {
+        /// The file (or `environment`).
+        file: String,
+        /// Dotted key path, e.g. `topic[0].retry.base`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address of the HTTP listener.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Bearer tokens accepted on `/v1/*` and the dashboard.
+    #[serde(default)]
+    pub api_token: Option<OneOrMany>,
+    /// The store.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// Retention windows.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// Alert thresholds.
+    #[serde(default)]
+    pub alerts: AlertsConfig,
+    /// Intake sources.
+    #[serde(default, rename = "source")]
+    pub sources: Vec<SourceConfig>,
+    /// Topics.
+    #[serde(default, rename = "topic")]
+    pub topics: Vec<TopicConfig>,
+    /// AMQP topology (declared at start and by `mailroom amqp declare`).
+    #[serde(default)]
+    pub amqp: Option<toml::Value>,
+    /// Where this configuration came from, for messages.
+    #[serde(skip)]
+    pub origin: String,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            api_token: None,
+            store: StoreConfig::default(),
+            retention: RetentionConfig::default(),
+            alerts: AlertsConfig::default(),
+            sources: vec![],
+            topics: vec![],
+            amqp: None,
+            origin: "defaults".into(),
+        }
+    }
+}
+
+/// One string, or a list (for secrets and tokens under rotation).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// A single value.
+    One(String),
+    /// Several values, all accepted.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    /// The values, empty strings dropped.
+    pub fn values(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+    }
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite://mailroom.db` (default) or `postgres://user@host/db`.
+    #[serde(default = "default_store_url")]
+    pub url: String,
+    /// Group many concurrent intakes into one commit (default on). Turning it
+    /// off commits each write alone; it exists for the benchmark's baseline.
+    #[serde(default = "yes")]
+    pub group_commit: bool,
+}
+
+fn default_store_url() -> String {
+    "sqlite://mailroom.db".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: default_store_url(),
+            group_commit: true,
+        }
+    }
+}
+
+/// `[retention]`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Payloads of done events are dropped after this.
+    #[serde(default = "d7", with = "duration::serde_str")]
+    pub done: Duration,
+    /// Payloads of dead events are dropped after this.
+    #[serde(default = "d30", with = "duration::serde_str")]
+    pub dead: Duration,
+    /// Rows (and so dedup keys) are kept at least this long.
+    #[serde(default = "d30", with = "duration::serde_str")]
+    pub dedup: Duration,
+}
+
+fn d7() -> Duration {
+    Duration::from_secs(7 * 86400)
+}
+fn d30() -> Duration {
+    Duration::from_secs(30 * 86400)
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            done: d7(),
+            dead: d30(),
+            dedup: d30(),
+        }
+    }
+}
+
+/// `[alerts]`: thresholds evaluated continuously.
+#[derive(Debug, Clone, Copy, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Dead events per topic.
+    pub dead_letter_depth: Option<u64>,
+    /// Pending events per topic.
+    pub backlog: Option<u64>,
+    /// Share of failed attempts.
+    pub failure_rate: Option<f64>,
+    /// Attempt duration.
+    #[serde(default, with = "duration::serde_opt")]
+    pub processing_time: Option<Duration>,
+}
+
+/// Where a value lives in a request: a header or a JSON pointer into the body.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FieldConfig {
+    /// Header name.
+    pub header: Option<String>,
+    /// JSON pointer (RFC 6901), e.g. `/id`.
+    pub json: Option<String>,
+}
+
+/// `[[source]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// URL segment: `POST /webhooks/{name}`.
+    pub name: String,
+    /// Topic its events go to (default: the source's name).
+    pub topic: Option<String>,
+    /// Known provider: fills in `verify`, `id` and `type`.
+    pub preset: Option<String>,
+    /// Where the dedup key lives.
+    pub id: Option<FieldConfig>,
+    /// Where the event type lives.
+    #[serde(rename = "type")]
+    pub event_type: Option<FieldConfig>,
+    /// Where the ordering key lives (overrides the topic's).
+    pub key: Option<FieldConfig>,
+    /// Signature verification.
+    pub verify: Option<VerifyConfig>,
+    /// Largest accepted body, e.g. `"1MiB"` or `65536`.
+    pub max_body: Option<ByteSize>,
+    /// AMQP source settings.
+    pub amqp: Option<toml::Value>,
+    /// Per-source rate limit, e.g. `"1000/s"`.
+    pub rate_limit: Option<String>,
+}
+
+/// `verify = { scheme, secret | secrets, header, prefix, encoding, tolerance }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyConfig {
+    /// `standard-webhooks`, `stripe`, `github`, `shopify`, `slack`, `token`, `hmac`.
+    pub scheme: Option<String>,
+    /// One secret.
+    pub secret: Option<String>,
+    /// Several secrets (rotation).
+    pub secrets: Option<Vec<String>>,
+    /// Header (token, hmac).
+    pub header: Option<String>,
+    /// Signature prefix (hmac), e.g. `sha256=`.
+    pub prefix: Option<String>,
+    /// `hex` or `base64` (hmac).
+    pub encoding: Option<String>,
+    /// Timestamp tolerance, default 5m.
+    #[serde(default, with = "duration::serde_opt")]
+    pub tolerance: Option<Duration>,
+}
+
+/// A byte size: an integer, or a string like `"1MiB"`, `"512KiB"`, `"2MB"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => parse_size(&s).map(ByteSize).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "invalid size {s:?}: expected bytes or a number with B, KB, KiB, MB, MiB"
+                ))
+            }),
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1000,
+        "kib" | "k" => 1024,
+        "mb" => 1_000_000,
+        "mib" | "m" => 1024 * 1024,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// `[[topic]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicConfig {
+    /// Topic name.
+    pub name: String,
+    /// `single` (default), `sequential` or `batch`.
+    #[serde(default)]
+    pub mode: ModeName,
+    /// JSON pointer of the ordering / grouping key.
+    pub key: Option<String>,
+    /// Header holding the ordering key.
+    pub key_header: Option<String>,
+    /// Key used for events that carry none (sequential topics); without it
+    /// such events are refused at intake with 400.
+    pub default_key: Option<String>,
+    /// `block` (default) or `skip`.
+    #[serde(default)]
+    pub on_dead: OnDeadName,
+    /// Attempts in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Retry policy.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Bound on each attempt (default 30s).
+    #[serde(default = "default_timeout", with = "duration::serde_str")]
+    pub timeout: Duration,
+    /// Lease length (default timeout + 5s).
+    #[serde(default, with = "duration::serde_opt")]
+    pub lease: Option<Duration>,
+    /// Batch settings.
+    pub batch: Option<BatchConfig>,
+    /// What processes the events; none means pull workers.
+    pub handler: Option<HandlerConfig>,
+}
+
+fn default_concurrency() -> u32 {
+    16
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Processing mode names.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeName {
+    /// Independent events.
+    #[default]
+    Single,
+    /// Ordered per key.
+    Sequential,
+    /// Delivered in batches.
+    Batch,
+}
+
+/// `on_dead` names.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDeadName {
+    /// Keep the key blocked.
+    #[default]
+    Block,
+    /// Let the next event go.
+    Skip,
+}
+
+/// `retry = { max_attempts, base, factor, max_delay, jitter }` or `{ schedule = [...] }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts before `dead` (default 15).
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// First delay (default 2s).
+    #[serde(default = "default_base", with = "duration::serde_str")]
+    pub base: Duration,
+    /// Growth (default 2.0).
+    #[serde(default = "default_factor")]
+    pub factor: f64,
+    /// Cap (default 1h).
+    #[serde(default = "default_max_delay", with = "duration::serde_str")]
+    pub max_delay: Duration,
+    /// ± share (default 0.2).
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
+    /// Explicit delays instead of exponential growth.
+    pub schedule: Option<Vec<String>>,
+}
+
+fn default_attempts() -> u32 {
+    15
+}
+fn default_base() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_factor() -> f64 {
+    2.0
+}
+fn default_max_delay() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_jitter() -> f64 {
+    0.2
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: default_attempts(),
+            base: default_base(),
+            factor: default_factor(),
+            max_delay: default_max_delay(),
+            jitter: default_jitter(),
+            schedule: None,
+        }
+    }
+}
+
+/// `batch = { max_size, max_wait, schedule, group_by }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Flush at this many events (default 100).
+    pub max_size: Option<u32>,
+    /// Flush when the oldest waited this long (default 1s).
+    #[serde(default, with = "duration::serde_opt")]
+    pub max_wait: Option<Duration>,
+    /// Cron schedule (UTC).
+    pub schedule: Option<String>,
+    /// JSON pointer of the grouping key.
+    pub group_by: Option<String>,
+}
+
+/// `handler = { http = {...} }`, `{ command = [...] }`, `{ amqp = {...} }` or `{ pull = true }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// POST to an endpoint.
+    pub http: Option<HttpHandlerConfig>,
+    /// Run a program.
+    pub command: Option<Vec<String>>,
+    /// Publish to RabbitMQ.
+    pub amqp: Option<toml::Value>,
+    /// External pull workers.
+    pub pull: Option<bool>,
+}
+
+/// `http = { url, timeout, secret, headers, permanent_statuses }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpHandlerConfig {
+    /// Endpoint URL.
+    pub url: String,
+    /// Per-request timeout (default: the topic's).
+    #[serde(default, with = "duration::serde_opt")]
+    pub timeout: Option<Duration>,
+    /// Standard Webhooks signing secret (`whsec_<base64>`, or any string).
+    pub secret: Option<String>,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Statuses that mean "never retry" (default `[410]`).
+    pub permanent_statuses: Option<Vec<u16>>,
+}
+
+impl Config {
+    /// Loads `path` (or only defaults when `None`), interpolating `${VAR}`
+    /// and applying `MAILROOM_*` overrides from `env`.
+    pub fn load(
+        path: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let (file, text) = match path {
+            Some(p) => {
+                let file = p.display().to_string();
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    file: file.clone(),
+                    source,
+                })?;
+                (file, text)
+            }
+            None => ("defaults".to_string(), String::new()),
+        };
+        Self::from_toml(&file, &text, env)
+    }
+
+    /// Parses configuration text; `file` names it in errors.
+    pub fn from_toml(
+        file: &str,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            file: file.to_string(),
+            message: e.to_string(),
+        })?;
+        let mut value = toml::Value::Table(std::mem::take(&mut table));
+        interpolate(&mut value, "", env).map_err(|(key, message)| ConfigError::Invalid {
+            file: file.to_string(),
+            key,
+            message,
+        })?;
+        apply_env_overrides(&mut value, env);
+        let mut config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Invalid {
+                file: file.to_string(),
+                key: if key == "." {
+                    "(top level)".into()
+                } else {
+                    key
+                },
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        config.origin = file.to_string();
+        Ok(config)
+    }
+
+    /// The listen address, parsed.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|_| ConfigError::Invalid {
+            file: self.origin.clone(),
+            key: "listen".into(),
+            message: format!("{:?} is not an address like 127.0.0.1:8080", self.listen),
+        })
+    }
+
+    /// The API tokens (empty when none is configured).
+    pub fn api_tokens(&self) -> Vec<String> {
+        self.api_token
+            .as_ref()
+            .map(OneOrMany::values)
+            .unwrap_or_default()
+    }
+
+    /// Builds an error about `key` in this configuration.
+    pub fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.origin.clone(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Where the file is: `--config`, else `MAILROOM_CONFIG`, else `./mailroom.toml`
+/// if it exists, else none (zero-config defaults).
+pub fn locate(flag: Option<PathBuf>, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    flag.or_else(|| env("MAILROOM_CONFIG").map(PathBuf::from))
+        .or_else(|| {
+            let p = PathBuf::from("mailroom.toml");
+            p.exists().then_some(p)
+        })
+}
+
+/// Replaces `${VAR}` in every string; `$$` stands for a literal `$`.
+fn interpolate(
+    v: &mut toml::Value,
+    path: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), (String, String)> {
+    match v {
+        toml::Value::String(s) if s.contains('$') => {
+            *s = expand(s, env).map_err(|m| (path.to_string(), m))?;
+        }
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                interpolate(item, &format!("{path}[{i}]"), env)?;
+            }
+        }
+        toml::Value::Table(t) => {
+            for (k, item) in t.iter_mut() {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                interpolate(item, &p, env)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let end = body
+                .find('}')
+                .ok_or_else(|| "unclosed ${ in value".to_string())?;
+            let name = &body[..end];
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("invalid variable name {name:?} in ${{...}}"));
+            }
+            let value = env(name).ok_or_else(|| {
+                format!("environment variable {name} is not set (referenced as ${{{name}}})")
+            })?;
+            out.push_str(&value);
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `MAILROOM_LISTEN`, `MAILROOM_STORE_URL`, `MAILROOM_API_TOKEN` win over the file.
+fn apply_env_overrides(v: &mut toml::Value, env: &dyn Fn(&str) -> Option<String>) {
+    let Some(root) = v.as_table_mut() else { return };
+    if let Some(listen) = env("MAILROOM_LISTEN") {
+        root.insert("listen".into(), toml::Value::String(listen));
+    }
+    if let Some(token) = env("MAILROOM_API_TOKEN") {
+        root.insert("api_token".into(), toml::Value::String(token));
+    }
+    if let Some(url) = env("MAILROOM_STORE_URL") {
+        let store = root
+            .entry("store")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let Some(t) = store.as_table_mut() {
+            t.insert("url".into(), toml::Value::String(url));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn zero_config_is_sqlite_on_loopback() {
+        let c = Config::from_toml("t", "", &no_env).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8080");
+        assert_eq!(c.store.url, "sqlite://mailroom.db");
+        assert!(c.store.group_commit);
+        assert_eq!(c.retention.done, Duration::from_secs(7 * 86400));
+    }
+
+    #[test]
+    fn the_spec_example_parses() {
+        let env = |k: &str| Some(format!("<{k}>"));
+        let text = include_str!("../../../mailroom.example.toml");
+        let c = Config::from_toml("mailroom.example.toml", text, &env);
+        assert!(c.is_ok(), "{:?}", c.err());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let text = "[[topic]]\nname = \"t\"\nretry = { base = \"2x\" }\n";
+        let err = Config::from_toml("m.toml", text, &no_env)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("m.toml: topic[0].retry.base:"), "{err}");
+        assert!(err.contains("invalid duration"), "{err}");
+
+        let err = Config::from_toml("m.toml", "lisen = \"x\"", &no_env)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn variables_are_interpolated_and_missing_ones_named() {
+        let env = |k: &str| (k == "TOKEN").then(|| "s3cret".to_string());
+        let c = Config::from_toml("m", "api_token = \"${TOKEN}\"\n", &env).unwrap();
+        assert_eq!(c.api_tokens(), vec!["s3cret".to_string()]);
+        let err = Config::from_toml("m", "api_token = \"${NOPE}\"\n", &env)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("api_token") && err.contains("NOPE"), "{err}");
+        assert_eq!(expand("a$$b", &env).ok().as_deref(), Some("a$b"));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |k: &str| match k {
+            "MAILROOM_LISTEN" => Some("0.0.0.0:9000".to_string()),
+            "MAILROOM_STORE_URL" => Some("sqlite:///tmp/x.db".to_string()),
+            _ => None,
+        };
+        let c = Config::from_toml("m", "listen = \"127.0.0.1:1\"\n", &env).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:9000");
+        assert_eq!(c.store.url, "sqlite:///tmp/x.db");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1MiB"), Some(1 << 20));
+        assert_eq!(parse_size("512KiB"), Some(512 * 1024));
+        assert_eq!(parse_size("10"), Some(10));
+        assert_eq!(parse_size("1GB"), None);
+    }
+}

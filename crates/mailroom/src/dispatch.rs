@@ -1,0 +1,246 @@
+//! The dispatcher: one loop per topic that claims due events and runs their
+//! attempts, and one maintenance loop per engine.
+//!
+//! A topic loop never polls on a fixed tick. It claims as many events as it
+//! has free slots; when fewer come back, it sleeps until the earliest of: a
+//! wake-up (an intake commit or a finished attempt calls
+//! [`Notify::notify_one`], which is remembered if nobody is waiting yet), the
+//! next due time the store reports, or the polling fallback (`poll`, 1 s by
+//! default — it catches writes made by other processes, such as a CLI replay).
+
+use crate::handler::SharedHandler;
+use crate::topology::TopicSpec;
+use futures::FutureExt;
+use mailroom_core::{ClaimRequest, Claimed, Mode, Outcome, Store, StoreError};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, error, info_span, warn};
+
+/// Most events claimed in one store round trip.
+const MAX_CLAIM: u32 = 256;
+
+/// Everything a topic loop needs.
+#[derive(Debug)]
+pub(crate) struct TopicRuntime {
+    pub spec: TopicSpec,
+    pub handler: Option<SharedHandler>,
+    pub wake: Notify,
+}
+
+impl TopicRuntime {
+    fn claim_request(&self, worker: &str, max: u32) -> ClaimRequest {
+        ClaimRequest {
+            topic: self.spec.name.clone(),
+            worker: worker.to_string(),
+            max,
+            lease: self.spec.lease,
+            per_key: match self.spec.mode {
+                Mode::Sequential { on_dead } => Some(on_dead),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Runs one topic until `shutdown`, then waits for attempts in flight (each
+/// is bounded by the topic's timeout, so this ends).
+pub(crate) async fn run_topic(
+    store: Arc<dyn Store>,
+    topic: Arc<TopicRuntime>,
+    handler: SharedHandler,
+    worker: String,
+    poll: Duration,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(topic.spec.concurrency as usize));
+    let attempts = TaskTracker::new();
+    let mut store_backoff = Duration::from_millis(50);
+    loop {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let free = slots.available_permits() as u32;
+        if free == 0 {
+            // Full: wait for one attempt to end.
+            tokio::select! {
+                permit = slots.clone().acquire_owned() => drop(permit),
+                () = shutdown.cancelled() => break,
+            }
+            continue;
+        }
+        let want = free.min(MAX_CLAIM);
+        let req = topic.claim_request(&worker, want);
+        let claimed = match store.claim(&req).await {
+            Ok(c) => {
+                store_backoff = Duration::from_millis(50);
+                c
+            }
+            Err(e) => {
+                warn!(topic = %topic.spec.name, error = %e, "claim failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(store_backoff) => {}
+                    () = shutdown.cancelled() => break,
+                }
+                store_backoff = (store_backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let got = claimed.len() as u32;
+        for c in claimed {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                // Cannot happen (we claimed at most `free`); release the lease
+                // rather than run over the concurrency bound.
+                let _ = store
+                    .complete(
+                        c.event.id,
+                        c.token,
+                        mailroom_core::Completion::Retry {
+                            delay: Duration::ZERO,
+                            error: "released: no free slot".into(),
+                        },
+                    )
+                    .await;
+                continue;
+            };
+            let store = store.clone();
+            let topic = topic.clone();
+            let handler = handler.clone();
+            attempts.spawn(async move {
+                run_attempt(&*store, &topic, &*handler, c).await;
+                drop(permit);
+            });
+        }
+        if got == want {
+            continue;
+        }
+        // Fewer than asked: nothing more is due right now. Sleep until woken,
+        // until the next due time, or until the polling fallback.
+        let until = match store.next_due(&req).await {
+            Ok(Some(due)) => {
+                let ms = due.as_millisecond() - jiff::Timestamp::now().as_millisecond();
+                Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+                    .clamp(Duration::from_millis(5), poll)
+            }
+            Ok(None) => poll,
+            Err(_) => store_backoff,
+        };
+        tokio::select! {
+            () = topic.wake.notified() => {}
+            () = tokio::time::sleep(until) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+    attempts.close();
+    attempts.wait().await;
+}
+
+/// One attempt: handler under timeout (panics caught), outcome resolved by the
+/// retry policy, completion stored with the claim's fencing token.
+async fn run_attempt(
+    store: &dyn Store,
+    topic: &TopicRuntime,
+    handler: &dyn crate::handler::Handler,
+    c: Claimed,
+) {
+    let event = &c.event;
+    let span = info_span!("attempt", event_id = %event.id, topic = %event.topic,
+        attempt = event.attempts, correlation_id = event.correlation_id.as_deref().unwrap_or(""));
+    async {
+        let started = Instant::now();
+        let outcome = match tokio::time::timeout(
+            topic.spec.timeout,
+            AssertUnwindSafe(handler.handle(event)).catch_unwind(),
+        )
+        .await
+        {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Outcome::retry("handler panicked"),
+            Err(_) => Outcome::retry(format!(
+                "timed out after {}",
+                mailroom_core::duration::format(topic.spec.timeout)
+            )),
+        };
+        let elapsed = started.elapsed();
+        let spread = rand::random::<f64>() * 2.0 - 1.0;
+        let completion = outcome.resolve(event.attempts, event.max_attempts, &topic.spec.retry, spread);
+        let label = match &completion {
+            mailroom_core::Completion::Done => "done",
+            mailroom_core::Completion::Retry { .. } => "retry",
+            mailroom_core::Completion::Dead { .. } => "dead",
+        };
+        metrics::counter!("mailroom_events_processed_total", "topic" => event.topic.clone(), "outcome" => label)
+            .increment(1);
+        metrics::histogram!("mailroom_processing_duration_seconds", "topic" => event.topic.clone())
+            .record(elapsed.as_secs_f64());
+        match &completion {
+            mailroom_core::Completion::Done => debug!(elapsed_ms = elapsed.as_millis() as u64, "done"),
+            mailroom_core::Completion::Retry { delay, error } => {
+                warn!(error = %error, retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");
+            }
+            mailroom_core::Completion::Dead { error } => {
+                error!(error = %error, "event is dead: operator action needed (replay or skip)");
+            }
+        }
+        match store.complete(event.id, c.token, completion).await {
+            Ok(()) => {}
+            Err(StoreError::StaleToken) => {
+                warn!("outcome discarded: the lease was lost and the event was handed to another worker");
+            }
+            Err(e) => {
+                // The lease will expire and the event will be rescued.
+                error!(error = %e, "could not record the outcome; the event will be retried after its lease");
+            }
+        }
+        topic.wake.notify_one();
+    }
+    .instrument(span)
+    .await;
+}
+
+/// Lease rescue on a short period; retention less often.
+pub(crate) async fn run_maintenance(
+    store: Arc<dyn Store>,
+    topics: Vec<Arc<TopicRuntime>>,
+    retention: mailroom_core::Retention,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut last_purge: Option<Instant> = None;
+    loop {
+        match store.rescue_expired().await {
+            Ok(0) => {}
+            Ok(n) => {
+                warn!(
+                    rescued = n,
+                    "expired leases rescued; their events will be retried"
+                );
+                for t in &topics {
+                    t.wake.notify_one();
+                }
+            }
+            Err(e) => warn!(error = %e, "lease rescue failed"),
+        }
+        if last_purge.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
+            match store.purge(retention).await {
+                Ok(r) if r.payloads_dropped + r.rows_deleted > 0 => {
+                    tracing::info!(
+                        payloads_dropped = r.payloads_dropped,
+                        rows_deleted = r.rows_deleted,
+                        "retention applied"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "retention failed"),
+            }
+            last_purge = Some(Instant::now());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! The engine: a store, the topics and sources, their handlers, and the loops
+//! that run them. Cheap to clone; no global state, so one process may run
+//! several engines.
+
+use crate::config::Config;
+use crate::config::ConfigError;
+use crate::dispatch::{TopicRuntime, run_maintenance, run_topic};
+use crate::handler::SharedHandler;
+use crate::intake::{self, IntakeError};
+use crate::topology::{SourceSpec, TopicSpec};
+use bytes::Bytes;
+use http::HeaderMap;
+use mailroom_core::{EventId, Inserted, NewEvent, Retention, Store, StoreError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A topic's settings are inconsistent.
+    #[error("topic {topic:?}: {message}")]
+    Topic {
+        /// The topic.
+        topic: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Two topics or two sources share a name.
+    #[error("{0}")]
+    Duplicate(String),
+    /// A handler was registered for a topic that does not exist.
+    #[error("handler registered for unknown topic {0:?}")]
+    UnknownTopic(String),
+}
+
+/// Assembles an [`Engine`].
+#[derive(Debug)]
+pub struct EngineBuilder {
+    store: Arc<dyn Store>,
+    topics: Vec<TopicSpec>,
+    sources: Vec<SourceSpec>,
+    handlers: HashMap<String, SharedHandler>,
+    worker: String,
+    poll: Duration,
+    maintenance_period: Duration,
+    retention: Retention,
+    accept_undeclared: bool,
+}
+
+impl EngineBuilder {
+    /// Adds a topic.
+    pub fn topic(mut self, spec: TopicSpec) -> Self {
+        self.topics.push(spec);
+        self
+    }
+
+    /// Adds a webhook source.
+    pub fn source(mut self, spec: SourceSpec) -> Self {
+        self.sources.push(spec);
+        self
+    }
+
+    /// Registers the handler of `topic` (replacing one from configuration).
+    pub fn handler(mut self, topic: impl Into<String>, handler: SharedHandler) -> Self {
+        self.handlers.insert(topic.into(), handler);
+        self
+    }
+
+    /// Names this process in attempt histories (default: `hostname:pid`).
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker = id.into();
+        self
+    }
+
+    /// The polling fallback (default 1 s): the longest an idle topic waits
+    /// before looking for work written by another process.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How often expired leases are rescued (default 1 s).
+    pub fn maintenance_period(mut self, d: Duration) -> Self {
+        self.maintenance_period = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Retention windows applied by maintenance.
+    pub fn retention(mut self, r: Retention) -> Self {
+        self.retention = r;
+        self
+    }
+
+    /// Accept webhooks for undeclared sources (each gets a pull topic named
+    /// after it). The server enables this only on loopback listeners.
+    pub fn accept_undeclared_sources(mut self, yes: bool) -> Self {
+        self.accept_undeclared = yes;
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<Engine, BuildError> {
+        let mut topics = HashMap::new();
+        for spec in self.topics {
+            spec.validate().map_err(|message| BuildError::Topic {
+                topic: spec.name.clone(),
+                message,
+            })?;
+            let name = spec.name.clone();
+            let handler = self.handlers.get(&name).cloned();
+            let rt = Arc::new(TopicRuntime {
+                spec,
+                handler,
+                wake: Notify::new(),
+            });
+            if topics.insert(name.clone(), rt).is_some() {
+                return Err(BuildError::Duplicate(format!(
+                    "topic {name:?} is declared twice"
+                )));
+            }
+        }
+        if let Some(t) = self.handlers.keys().find(|t| !topics.contains_key(*t)) {
+            return Err(BuildError::UnknownTopic(t.clone()));
+        }
+        let mut sources = HashMap::new();
+        for s in self.sources {
+            if !topics.contains_key(&s.topic) {
+                // A source naming an undeclared topic gets one with defaults (SPEC §12).
+                let rt = TopicRuntime {
+                    spec: TopicSpec::new(s.topic.clone()),
+                    handler: None,
+                    wake: Notify::new(),
+                };
+                topics.insert(s.topic.clone(), Arc::new(rt));
+            }
+            let name = s.name.clone();
+            if sources.insert(name.clone(), s).is_some() {
+                return Err(BuildError::Duplicate(format!(
+                    "source {name:?} is declared twice"
+                )));
+            }
+        }
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                store: self.store,
+                topics,
+                sources,
+                worker: self.worker,
+                poll: self.poll,
+                maintenance_period: self.maintenance_period,
+                retention: self.retention,
+                accept_undeclared: self.accept_undeclared,
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn Store>,
+    topics: HashMap<String, Arc<TopicRuntime>>,
+    sources: HashMap<String, SourceSpec>,
+    worker: String,
+    poll: Duration,
+    maintenance_period: Duration,
+    retention: Retention,
+    accept_undeclared: bool,
+}
+
+/// The running heart of mailroom. See the crate docs for an example.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// What to enqueue through [`Engine::enqueue`].
+#[derive(Debug, Clone)]
+pub struct Draft {
+    topic: String,
+    payload: Bytes,
+    content_type: Option<String>,
+    dedup_key: Option<String>,
+    key: Option<String>,
+    event_type: Option<String>,
+    correlation_id: Option<String>,
+    causation_id: Option<String>,
+    source: String,
+}
+
+impl Draft {
+    /// An event for `topic` with raw payload bytes.
+    pub fn bytes(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+        Self {
+            topic: topic.into(),
+            payload: payload.into(),
+            content_type: None,
+            dedup_key: None,
+            key: None,
+            event_type: None,
+            correlation_id: None,
+            causation_id: None,
+            source: "api".into(),
+        }
+    }
+
+    /// An event for `topic` with a JSON payload.
+    pub fn json(topic: impl Into<String>, payload: &serde_json::Value) -> Self {
+        let mut d = Self::bytes(topic, serde_json::to_vec(payload).unwrap_or_default());
+        d.content_type = Some("application/json".into());
+        d
+    }
+
+    /// The sender's id for deduplication (default: a fresh unique id, so no dedup).
+    pub fn dedup_key(mut self, k: impl Into<String>) -> Self {
+        self.dedup_key = Some(k.into());
+        self
+    }
+
+    /// Ordering / grouping key.
+    pub fn key(mut self, k: impl Into<String>) -> Self {
+        self.key = Some(k.into());
+        self
+    }
+
+    /// Event type.
+    pub fn event_type(mut self, t: impl Into<String>) -> Self {
+        self.event_type = Some(t.into());
+        self
+    }
+
+    /// Correlation id.
+    pub fn correlation_id(mut self, c: impl Into<String>) -> Self {
+        self.correlation_id = Some(c.into());
+        self
+    }
+
+    /// Causation id.
+    pub fn causation_id(mut self, c: impl Into<String>) -> Self {
+        self.causation_id = Some(c.into());
+        self
+    }
+
+    /// Content type of the payload.
+    pub fn content_type(mut self, c: impl Into<String>) -> Self {
+        self.content_type = Some(c.into());
+        self
+    }
+
+    /// Source name recorded on the event (default `api`).
+    pub fn source(mut self, s: impl Into<String>) -> Self {
+        self.source = s.into();
+        self
+    }
+}
+
+impl Engine {
+    /// Starts building an engine over `store`.
+    pub fn builder(store: Arc<dyn Store>) -> EngineBuilder {
+        EngineBuilder {
+            store,
+            topics: vec![],
+            sources: vec![],
+            handlers: HashMap::new(),
+            worker: default_worker_id(),
+            poll: Duration::from_secs(1),
+            maintenance_period: Duration::from_secs(1),
+            retention: Retention {
+                done: Duration::from_secs(7 * 86400),
+                dead: Duration::from_secs(30 * 86400),
+                dedup: Duration::from_secs(30 * 86400),
+            },
+            accept_undeclared: false,
+        }
+    }
+
+    /// A builder holding `config`'s topics (with their `http`/`command`
+    /// handlers), sources and retention.
+    pub fn from_config(
+        config: &Config,
+        store: Arc<dyn Store>,
+    ) -> Result<EngineBuilder, ConfigError> {
+        let mut b = Self::builder(store).retention(Retention {
+            done: config.retention.done,
+            dead: config.retention.dead,
+            dedup: config.retention.dedup,
+        });
+        for (i, t) in config.topics.iter().enumerate() {
+            let spec = TopicSpec::from_config(t, i, config)?;
+            if let Some(h) = &t.handler {
+                if let Some(handler) = crate::handler_config::build(h, &spec, i, config)? {
+                    b = b.handler(spec.name.clone(), handler);
+                }
+            }
+            b = b.topic(spec);
+        }
+        for (i, s) in config.sources.iter().enumerate() {
+            if s.amqp.is_some() {
+                return Err(config.invalid(
+                    format!("source[{i}].amqp"),
+                    "AMQP sources are not available in this build yet",
+                ));
+            }
+            b = b.source(SourceSpec::from_config(s, i, config)?);
+        }
+        Ok(b)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// A topic's settings.
+    pub fn topic(&self, name: &str) -> Option<&TopicSpec> {
+        self.inner.topics.get(name).map(|t| &t.spec)
+    }
+
+    /// All topics' settings.
+    pub fn topics(&self) -> impl Iterator<Item = &TopicSpec> {
+        self.inner.topics.values().map(|t| &t.spec)
+    }
+
+    /// Whether `topic` has a built-in or registered handler (else it is pulled).
+    pub fn has_handler(&self, topic: &str) -> bool {
+        self.inner
+            .topics
+            .get(topic)
+            .is_some_and(|t| t.handler.is_some())
+    }
+
+    /// Stores an event durably (the call returns after the commit) and wakes
+    /// its topic. Deduplicated by (source, dedup key).
+    pub async fn enqueue(&self, draft: Draft) -> Result<Inserted, StoreError> {
+        let topic = self
+            .inner
+            .topics
+            .get(&draft.topic)
+            .ok_or_else(|| StoreError::Invalid(format!("unknown topic {:?}", draft.topic)))?;
+        let id = EventId::new();
+        let event = NewEvent {
+            id,
+            source: draft.source,
+            topic: draft.topic,
+            dedup_key: draft.dedup_key.unwrap_or_else(|| id.to_string()),
+            key: draft.key.or_else(|| topic.spec.default_key.clone()),
+            event_type: draft.event_type,
+            correlation_id: draft.correlation_id,
+            causation_id: draft.causation_id,
+            content_type: draft.content_type,
+            payload: draft.payload,
+            max_attempts: topic.spec.retry.max_attempts,
+        };
+        self.insert(event).await
+    }
+
+    /// Stores a fully formed event (intake paths) and wakes its topic.
+    pub async fn insert(&self, event: NewEvent) -> Result<Inserted, StoreError> {
+        let topic = event.topic.clone();
+        let source = event.source.clone();
+        let started = Instant::now();
+        let result = self.inner.store.insert(event).await;
+        let outcome = match &result {
+            Ok(i) if i.duplicate => "duplicate",
+            Ok(_) => "accepted",
+            Err(_) => "rejected",
+        };
+        metrics::counter!("mailroom_events_received_total", "source" => source.clone(), "topic" => topic.clone(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("mailroom_ingest_duration_seconds", "source" => source)
+            .record(started.elapsed().as_secs_f64());
+        if let Ok(i) = &result {
+            if !i.duplicate {
+                if let Some(t) = self.inner.topics.get(&topic) {
+                    t.wake.notify_one();
+                }
+            }
+        }
+        result
+    }
+
+    /// Webhook intake: resolves the source, verifies the signature (first),
+    /// extracts the envelope, stores durably. The caller answers 2xx only on `Ok`.
+    pub async fn ingest_webhook(
+        &self,
+        source: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Inserted, IntakeError> {
+        let implicit;
+        let spec = match self.inner.sources.get(source) {
+            Some(s) => s,
+            None if self.inner.accept_undeclared && valid_source_name(source) => {
+                implicit = SourceSpec::new(source, source);
+                &implicit
+            }
+            None => return Err(IntakeError::UnknownSource(source.to_string())),
+        };
+        intake::verify::check(spec, headers, &body)?;
+        let default_topic;
+        let topic = match self.inner.topics.get(&spec.topic) {
+            Some(t) => &t.spec,
+            None => {
+                default_topic = TopicSpec::new(spec.topic.clone());
+                &default_topic
+            }
+        };
+        let event = intake::build_event(spec, topic, headers, body)?;
+        Ok(self.insert(event).await?)
+    }
+
+    /// The limit on a source's body (the default for undeclared sources).
+    pub fn max_body(&self, source: &str) -> u64 {
+        self.inner
+            .sources
+            .get(source)
+            .map(|s| s.max_body)
+            .unwrap_or(crate::topology::DEFAULT_MAX_BODY)
+    }
+
+    /// Replays one event with the topic's fresh attempt budget.
+    pub async fn replay(&self, id: EventId) -> Result<mailroom_core::Event, StoreError> {
+        let event = self
+            .inner
+            .store
+            .get(id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let budget = self.budget(&event.topic);
+        let replayed = self.inner.store.replay(id, budget).await?;
+        self.wake(&replayed.topic);
+        Ok(replayed)
+    }
+
+    /// Replays every matching event (per topic, each with its own budget).
+    pub async fn replay_matching(
+        &self,
+        filter: &mailroom_core::ListFilter,
+    ) -> Result<u64, StoreError> {
+        let topics: Vec<String> = match &filter.topic {
+            Some(t) => vec![t.clone()],
+            None => self
+                .inner
+                .store
+                .stats()
+                .await?
+                .into_iter()
+                .map(|s| s.topic)
+                .collect(),
+        };
+        let mut total = 0;
+        for t in topics {
+            let mut f = filter.clone();
+            f.topic = Some(t.clone());
+            total += self
+                .inner
+                .store
+                .replay_matching(&f, self.budget(&t))
+                .await?;
+            self.wake(&t);
+        }
+        Ok(total)
+    }
+
+    /// Skips a dead event so its key unblocks.
+    pub async fn skip(&self, id: EventId) -> Result<mailroom_core::Event, StoreError> {
+        let e = self.inner.store.skip(id).await?;
+        self.wake(&e.topic);
+        Ok(e)
+    }
+
+    fn budget(&self, topic: &str) -> u32 {
+        self.inner
+            .topics
+            .get(topic)
+            .map(|t| t.spec.retry.max_attempts)
+            .unwrap_or(mailroom_core::RetryPolicy::default().max_attempts)
+    }
+
+    /// Wakes a topic's loop (e.g. after an outside write).
+    pub fn wake(&self, topic: &str) {
+        if let Some(t) = self.inner.topics.get(topic) {
+            t.wake.notify_one();
+        }
+    }
+
+    /// Runs every topic that has a handler, plus maintenance, until
+    /// `shutdown` is cancelled; then lets attempts in flight finish (each is
+    /// bounded by its topic's timeout) and returns.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in self.inner.topics.values() {
+            let Some(handler) = t.handler.clone() else {
+                continue;
+            };
+            if matches!(t.spec.mode, mailroom_core::Mode::Batch(_)) {
+                tracing::error!(topic = %t.spec.name, "batch topics are not supported by this build; events stay pending");
+                continue;
+            }
+            tasks.spawn(run_topic(
+                self.inner.store.clone(),
+                t.clone(),
+                handler,
+                self.inner.worker.clone(),
+                self.inner.poll,
+                shutdown.clone(),
+            ));
+        }
+        tasks.spawn(run_maintenance(
+            self.inner.store.clone(),
+            self.inner.topics.values().cloned().collect(),
+            self.inner.retention,
+            self.inner.maintenance_period,
+            shutdown.clone(),
+        ));
+        tasks.spawn(crate::observe::run_gauges(
+            self.inner.store.clone(),
+            shutdown.clone(),
+        ));
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+fn valid_source_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "mailroom".into());
+    format!("{host}:{}", std::process::id())
+}

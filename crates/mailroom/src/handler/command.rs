@@ -1,0 +1,113 @@
+//! The `command` handler (SPEC §5): runs a program per attempt with the
+//! payload on stdin and the envelope in `MAILROOM_*` environment variables.
+//! Exit 0 is success, 65 (`EX_DATAERR`) a permanent failure, anything else a
+//! retry; the tail of stderr becomes the error text.
+
+use super::{Handler, tail};
+use mailroom_core::{Event, Outcome};
+use std::process::Stdio;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Exit code meaning "never retry" (sysexits.h `EX_DATAERR`).
+pub const PERMANENT_EXIT: i32 = 65;
+/// How much of stderr is kept as error text.
+const STDERR_TAIL: usize = 2048;
+
+/// Runs a program per event.
+#[derive(Debug, Clone)]
+pub struct CommandHandler {
+    argv: Vec<String>,
+}
+
+impl CommandHandler {
+    /// `argv[0]` is the program; it must not be empty.
+    pub fn new(argv: Vec<String>) -> Result<Self, String> {
+        if argv.first().is_none_or(String::is_empty) {
+            return Err(
+                "command: give the program and its arguments, e.g. [\"./handle.sh\"]".into(),
+            );
+        }
+        Ok(Self { argv })
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for CommandHandler {
+    async fn handle(&self, event: &Event) -> Outcome {
+        let mut cmd = tokio::process::Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // The attempt's timeout drops this future; the child must die with it.
+            .kill_on_drop(true)
+            .env("MAILROOM_EVENT_ID", event.id.to_string())
+            .env("MAILROOM_TOPIC", &event.topic)
+            .env("MAILROOM_SOURCE", &event.source)
+            .env("MAILROOM_DEDUP_KEY", &event.dedup_key)
+            .env("MAILROOM_ATTEMPT", event.attempts.to_string())
+            .env("MAILROOM_RECEIVED_AT", event.received_at.to_string());
+        for (name, value) in [
+            ("MAILROOM_KEY", &event.key),
+            ("MAILROOM_TYPE", &event.event_type),
+            ("MAILROOM_CORRELATION_ID", &event.correlation_id),
+            ("MAILROOM_CAUSATION_ID", &event.causation_id),
+            ("MAILROOM_CONTENT_TYPE", &event.content_type),
+        ] {
+            if let Some(v) = value {
+                cmd.env(name, v);
+            }
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return Outcome::retry(format!("cannot start {:?}: {e}", self.argv[0])),
+        };
+        let payload = event.payload.clone().unwrap_or_default();
+        let mut stdin = child.stdin.take();
+        let mut stderr = child.stderr.take();
+        let write = async move {
+            if let Some(mut s) = stdin.take() {
+                // A program that exits without reading stdin is not a failure.
+                let _ = s.write_all(&payload).await;
+            }
+        };
+        let read = async move {
+            let mut buf = Vec::new();
+            if let Some(s) = stderr.as_mut() {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = s.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if buf.len() > 4 * STDERR_TAIL {
+                        buf.drain(..buf.len() - STDERR_TAIL);
+                    }
+                }
+            }
+            buf
+        };
+        let ((), err, status) = tokio::join!(write, read, child.wait());
+        let stderr = tail(&String::from_utf8_lossy(&err), STDERR_TAIL);
+        match status {
+            Err(e) => Outcome::retry(format!("waiting for {:?} failed: {e}", self.argv[0])),
+            Ok(s) if s.success() => Outcome::Success,
+            Ok(s) => {
+                let what = match s.code() {
+                    Some(code) => format!("exit code {code}"),
+                    None => "killed by a signal".to_string(),
+                };
+                let error = if stderr.is_empty() {
+                    what
+                } else {
+                    format!("{what}: {stderr}")
+                };
+                if s.code() == Some(PERMANENT_EXIT) {
+                    Outcome::Permanent { error }
+                } else {
+                    Outcome::retry(error)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Builds a topic's built-in handler from `handler = {...}`.
+
+use crate::config::{Config, ConfigError, HandlerConfig};
+use crate::handler::SharedHandler;
+use crate::handler::command::CommandHandler;
+use crate::handler::http::{HttpHandler, HttpHandlerSettings};
+use crate::topology::TopicSpec;
+use std::sync::Arc;
+
+/// `Ok(None)` for pull topics.
+pub(crate) fn build(
+    h: &HandlerConfig,
+    topic: &TopicSpec,
+    idx: usize,
+    cfg: &Config,
+) -> Result<Option<SharedHandler>, ConfigError> {
+    let at = |k: &str| format!("topic[{idx}].handler{k}");
+    let given = [
+        h.http.is_some(),
+        h.command.is_some(),
+        h.amqp.is_some(),
+        h.pull.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if given != 1 {
+        return Err(cfg.invalid(
+            at(""),
+            "give exactly one of http = {...}, command = [...], amqp = {...}, pull = true",
+        ));
+    }
+    if let Some(http) = &h.http {
+        let url = reqwest::Url::parse(&http.url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| {
+                cfg.invalid(
+                    at(".http.url"),
+                    format!("{:?} is not an http(s) URL", http.url),
+                )
+            })?;
+        let secret = http
+            .secret
+            .as_deref()
+            .map(HttpHandler::decode_secret)
+            .transpose()
+            .map_err(|m| cfg.invalid(at(".http.secret"), m))?;
+        let timeout = http.timeout.unwrap_or(topic.timeout).min(topic.timeout);
+        let handler = HttpHandler::new(HttpHandlerSettings {
+            url,
+            timeout,
+            secret,
+            headers: http.headers.clone(),
+            permanent_statuses: http.permanent_statuses.clone().unwrap_or_else(|| vec![410]),
+        })
+        .map_err(|m| cfg.invalid(at(".http"), m))?;
+        return Ok(Some(Arc::new(handler)));
+    }
+    if let Some(argv) = &h.command {
+        let handler =
+            CommandHandler::new(argv.clone()).map_err(|m| cfg.invalid(at(".command"), m))?;
+        return Ok(Some(Arc::new(handler)));
+    }
+    if h.amqp.is_some() {
+        return Err(cfg.invalid(
+            at(".amqp"),
+            "AMQP publishing is not available in this build yet",
+        ));
+    }
+    match h.pull {
+        Some(true) => Ok(None),
+        _ => Err(cfg.invalid(at(".pull"), "only `pull = true` makes sense")),
+    }
+}

@@ -1,0 +1,41 @@
+//! Gauges read from the store (queue depth, dead letters, oldest pending,
+//! blocked keys), refreshed periodically. Counters and histograms are
+//! recorded where things happen (intake, dispatcher). Labels are bounded:
+//! topic and status only, never event ids. This crate only calls the
+//! `metrics` macros; the binary installs the exporter.
+
+use mailroom_core::{Status, Store};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often gauges are refreshed.
+const PERIOD: Duration = Duration::from_secs(5);
+
+pub(crate) async fn run_gauges(store: Arc<dyn Store>, shutdown: CancellationToken) {
+    loop {
+        if let Ok(stats) = store.stats().await {
+            let now = jiff::Timestamp::now();
+            for s in stats {
+                for status in Status::ALL {
+                    metrics::gauge!("mailroom_queue_depth", "topic" => s.topic.clone(), "status" => status.as_str())
+                        .set(s.count(status) as f64);
+                }
+                metrics::gauge!("mailroom_dead_letter_depth", "topic" => s.topic.clone())
+                    .set(s.count(Status::Dead) as f64);
+                let age = s
+                    .oldest_pending
+                    .map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
+                    .unwrap_or(0.0);
+                metrics::gauge!("mailroom_oldest_pending_age_seconds", "topic" => s.topic.clone())
+                    .set(age);
+                metrics::gauge!("mailroom_blocked_keys", "topic" => s.topic.clone())
+                    .set(s.blocked_keys as f64);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(PERIOD) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+}

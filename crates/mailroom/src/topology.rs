@@ -1,0 +1,306 @@
+//! The resolved shape of an engine: its topics and sources, built from
+//! [`Config`](crate::config::Config) or by hand (library mode), validated
+//! once so the data path never re-checks configuration.
+
+use crate::config::{
+    Config, ConfigError, FieldConfig, ModeName, OnDeadName, RetryConfig, TopicConfig,
+};
+use mailroom_core::{Backoff, BatchSettings, Mode, OnDead, RetryPolicy, duration};
+use std::time::Duration;
+
+/// Where a value lives in an incoming request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Field {
+    /// A header (case-insensitive).
+    Header(String),
+    /// A JSON pointer into the body (RFC 6901).
+    Json(String),
+    /// The SHA-256 of the body (a dedup key of last resort).
+    BodySha256,
+}
+
+impl Field {
+    fn from_config(c: &FieldConfig, key: &str, cfg: &Config) -> Result<Field, ConfigError> {
+        match (&c.header, &c.json) {
+            (Some(h), None) => {
+                http::HeaderName::try_from(h.as_str())
+                    .map_err(|_| cfg.invalid(key, format!("{h:?} is not a valid header name")))?;
+                Ok(Field::Header(h.clone()))
+            }
+            (None, Some(p)) => Field::json(p).map_err(|m| cfg.invalid(key, m)),
+            _ => Err(cfg.invalid(
+                key,
+                "give exactly one of `header = \"...\"` or `json = \"/pointer\"`",
+            )),
+        }
+    }
+
+    /// A JSON pointer field; the pointer must be empty or start with `/`.
+    pub fn json(pointer: &str) -> Result<Field, String> {
+        if pointer.is_empty() || pointer.starts_with('/') {
+            Ok(Field::Json(pointer.to_string()))
+        } else {
+            Err(format!(
+                "{pointer:?} is not a JSON pointer (it must start with '/')"
+            ))
+        }
+    }
+}
+
+/// A topic's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicSpec {
+    /// Name.
+    pub name: String,
+    /// Processing mode.
+    pub mode: Mode,
+    /// Where the ordering/grouping key lives when the source doesn't say.
+    pub key: Option<Field>,
+    /// Key for keyless events in sequential topics (else 400 at intake).
+    pub default_key: Option<String>,
+    /// Attempts in flight at once.
+    pub concurrency: u32,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Bound on one attempt.
+    pub timeout: Duration,
+    /// Lease length; always longer than `timeout`.
+    pub lease: Duration,
+}
+
+impl TopicSpec {
+    /// A `single` topic with SPEC defaults: concurrency 16, 15 attempts from
+    /// 2 s, 30 s timeout, 35 s lease.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            mode: Mode::Single,
+            key: None,
+            default_key: None,
+            concurrency: 16,
+            retry: RetryPolicy::default(),
+            timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(35),
+        }
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets where the key lives.
+    pub fn key(mut self, key: Field) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Sets the concurrency (at least 1).
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Sets the attempt timeout; the lease becomes timeout + 5 s unless longer.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self.lease = self.lease.max(timeout + Duration::from_secs(5));
+        self
+    }
+
+    /// Sets the lease (must exceed the timeout; checked by the engine builder).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Checks the numbers, naming the first that is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("name: must not be empty".into());
+        }
+        self.retry.validate().map_err(|e| format!("retry: {e}"))?;
+        if self.lease <= self.timeout {
+            return Err(format!(
+                "lease ({}) must be longer than timeout ({})",
+                duration::format(self.lease),
+                duration::format(self.timeout)
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err("concurrency: must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn from_config(
+        t: &TopicConfig,
+        idx: usize,
+        cfg: &Config,
+    ) -> Result<Self, ConfigError> {
+        let at = |k: &str| format!("topic[{idx}].{k}");
+        let key = match (&t.key, &t.key_header) {
+            (Some(_), Some(_)) => {
+                return Err(cfg.invalid(at("key"), "give `key` or `key_header`, not both"));
+            }
+            (Some(p), None) => Some(Field::json(p).map_err(|m| cfg.invalid(at("key"), m))?),
+            (None, Some(h)) => Some(Field::from_config(
+                &FieldConfig {
+                    header: Some(h.clone()),
+                    json: None,
+                },
+                &at("key_header"),
+                cfg,
+            )?),
+            (None, None) => None,
+        };
+        let mode = match t.mode {
+            ModeName::Single => Mode::Single,
+            ModeName::Sequential => Mode::Sequential {
+                on_dead: match t.on_dead {
+                    OnDeadName::Block => OnDead::Block,
+                    OnDeadName::Skip => OnDead::Skip,
+                },
+            },
+            ModeName::Batch => {
+                let b = t.batch.clone().unwrap_or(crate::config::BatchConfig {
+                    max_size: None,
+                    max_wait: None,
+                    schedule: None,
+                    group_by: None,
+                });
+                let d = BatchSettings::default();
+                Mode::Batch(BatchSettings {
+                    max_size: b.max_size.unwrap_or(d.max_size).max(1),
+                    max_wait: b.max_wait.unwrap_or(d.max_wait),
+                    schedule: b.schedule,
+                    group_by: b.group_by,
+                })
+            }
+        };
+        if t.batch.is_some() && t.mode != ModeName::Batch {
+            return Err(cfg.invalid(
+                at("batch"),
+                "only batch topics take `batch = {...}` (set mode = \"batch\")",
+            ));
+        }
+        let lease = t.lease.unwrap_or(t.timeout + Duration::from_secs(5));
+        let spec = TopicSpec {
+            name: t.name.clone(),
+            mode,
+            key,
+            default_key: t.default_key.clone(),
+            concurrency: t.concurrency,
+            retry: retry_policy(&t.retry).map_err(|m| cfg.invalid(at("retry.schedule"), m))?,
+            timeout: t.timeout,
+            lease,
+        };
+        spec.validate()
+            .map_err(|m| cfg.invalid(format!("topic[{idx}]"), m))?;
+        Ok(spec)
+    }
+}
+
+fn retry_policy(r: &RetryConfig) -> Result<RetryPolicy, String> {
+    let backoff = match &r.schedule {
+        Some(steps) => Backoff::Schedule(
+            steps
+                .iter()
+                .map(|s| duration::parse(s).map_err(|e| e.to_string()))
+                .collect::<Result<_, _>>()?,
+        ),
+        None => Backoff::Exponential {
+            base: r.base,
+            factor: r.factor,
+            max_delay: r.max_delay,
+            jitter: r.jitter,
+        },
+    };
+    Ok(RetryPolicy {
+        max_attempts: r.max_attempts,
+        backoff,
+    })
+}
+
+/// A webhook source's settings.
+#[derive(Debug, Clone)]
+pub struct SourceSpec {
+    /// URL segment and `source` of its events.
+    pub name: String,
+    /// Topic its events go to.
+    pub topic: String,
+    /// Where the dedup key lives, first present wins; empty means the
+    /// default chain (`webhook-id`, `Idempotency-Key`, `/id`, SHA-256 of the body).
+    pub id: Vec<Field>,
+    /// Where the event type lives.
+    pub event_type: Option<Field>,
+    /// Where the ordering key lives (overrides the topic's).
+    pub key: Option<Field>,
+    /// Signature verification, checked before anything else.
+    pub verifier: Option<mailroom_signatures::Verifier>,
+    /// Largest accepted body in bytes.
+    pub max_body: u64,
+}
+
+/// Default `max_body`: 1 MiB.
+pub const DEFAULT_MAX_BODY: u64 = 1024 * 1024;
+
+impl SourceSpec {
+    /// A source with the default dedup chain, no verification, 1 MiB bodies.
+    pub fn new(name: impl Into<String>, topic: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            topic: topic.into(),
+            id: vec![],
+            event_type: None,
+            key: None,
+            verifier: None,
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+
+    pub(crate) fn from_config(
+        s: &crate::config::SourceConfig,
+        idx: usize,
+        cfg: &Config,
+    ) -> Result<Self, ConfigError> {
+        let at = |k: &str| format!("source[{idx}].{k}");
+        if s.name.is_empty()
+            || !s
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(cfg.invalid(
+                at("name"),
+                "use letters, digits, '-', '_' or '.' (it is a URL segment)",
+            ));
+        }
+        let field = |f: &Option<FieldConfig>, k: &str| {
+            f.as_ref()
+                .map(|f| Field::from_config(f, &at(k), cfg))
+                .transpose()
+        };
+        let mut spec = SourceSpec {
+            name: s.name.clone(),
+            topic: s.topic.clone().unwrap_or_else(|| s.name.clone()),
+            id: field(&s.id, "id")?.into_iter().collect(),
+            event_type: field(&s.event_type, "type")?,
+            key: field(&s.key, "key")?,
+            verifier: None,
+            max_body: s.max_body.map(|b| b.0).unwrap_or(DEFAULT_MAX_BODY),
+        };
+        if spec.max_body == 0 {
+            return Err(cfg.invalid(at("max_body"), "must be more than 0"));
+        }
+        crate::intake::verify::configure(&mut spec, s, &at, cfg)?;
+        Ok(spec)
+    }
+}
