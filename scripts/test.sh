@@ -89,6 +89,7 @@ mr_log "services ready in $(mr_since "$t")"
 cat "$STATE/env" >&2
 
 if $services_only; then
+  trap 'exit 0' INT TERM   # stopping is the normal way out here
   section "services running: paste the exports above in another shell; Ctrl-C to stop"
   # Background sleep + wait so INT/TERM reach the trap at once.
   while :; do sleep 3600 & wait $!; done
@@ -100,16 +101,18 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
 fi
 
 rc=0
-section "cargo nextest run ${scope[*]} --no-fail-fast ${cargo_args[*]}"
+nextest_cmd=(cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}")
+doc_cmd=(cargo test "${scope[@]}" --doc "${cargo_args[@]+"${cargo_args[@]}"}")
+section "${nextest_cmd[*]}"
 t="$(mr_now)"
-cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}" || rc=$?
+"${nextest_cmd[@]}" || rc=$?
 mr_log "nextest finished (exit $rc) in $(mr_since "$t")"
 
 if $run_doc; then
-  section "cargo test ${scope[*]} --doc ${cargo_args[*]}"
+  section "${doc_cmd[*]}"
   t="$(mr_now)"
   doc_rc=0
-  cargo test "${scope[@]}" --doc "${cargo_args[@]+"${cargo_args[@]}"}" || doc_rc=$?
+  "${doc_cmd[@]}" || doc_rc=$?
   mr_log "doctests finished (exit $doc_rc) in $(mr_since "$t")"
   ((rc != 0)) || rc=$doc_rc
 fi

@@ -187,8 +187,8 @@ mr_pg_stop() {
   local pgdata="$MR_STATE/pg/data"
   [[ -f "$pgdata/postmaster.pid" ]] || return 0
   mr_log "PostgreSQL: stopping"
-  mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m fast -t 30 -w stop >/dev/null 2>&1 \
-    || mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m immediate -t 10 -w stop >/dev/null 2>&1 \
+  # immediate: no shutdown checkpoint, the data is deleted right after.
+  mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m immediate -t 30 -w stop >/dev/null 2>&1 \
     || {
       local pid; pid="$(head -n1 "$pgdata/postmaster.pid" 2>/dev/null || true)"
       [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
