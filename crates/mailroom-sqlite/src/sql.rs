@@ -18,7 +18,7 @@ use std::time::Duration;
 /// Default and largest page of a listing.
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
-/// Rows one purge step touches, so a purge never holds the writer for long.
+/// Rows (by `seq`) one purge step walks, so a purge never holds the writer long.
 pub(crate) const PURGE_CHUNK: i64 = 2000;
 
 /// The columns [`event_from_row`] decodes, in order.
@@ -429,7 +429,7 @@ pub(crate) fn replay(conn: &Connection, id: EventId, budget: u32, now: i64) -> R
     }
     conn.prepare_cached(
         "UPDATE events
-         SET status = 'pending', max_attempts = attempts + ?1, next_attempt_at = ?2,
+         SET status = 'pending', max_attempts = MIN(attempts + ?1, 4294967295), next_attempt_at = ?2,
              lease_until = NULL
          WHERE seq = ?3",
     )
@@ -470,7 +470,7 @@ pub(crate) fn replay_matching(
     let n = params.len();
     let sql = format!(
         "UPDATE events
-         SET status = 'pending', max_attempts = attempts + ?{}, next_attempt_at = ?{n},
+         SET status = 'pending', max_attempts = MIN(attempts + ?{}, 4294967295), next_attempt_at = ?{n},
              lease_until = NULL
          WHERE status <> 'running'{cond}",
         n - 1
@@ -601,28 +601,33 @@ pub(crate) fn stats(conn: &Connection) -> Result<Vec<TopicStats>> {
     Ok(by_topic.into_values().collect())
 }
 
-/// One bounded step of a purge; the caller repeats it until it reports
-/// less than [`PURGE_CHUNK`] of each kind.
+/// One bounded step of a purge over the rows with `from < seq <= from +
+/// PURGE_CHUNK`. Returns what it did and where the next step starts, or
+/// `None` when no later row can qualify: rows arrive in `received_at`
+/// order, so the walk stops at the first row newer than every cutoff.
 pub(crate) fn purge_step(
     conn: &Connection,
     retention: &Retention,
     now: i64,
-) -> Result<PurgeReport> {
+    from: i64,
+) -> Result<(PurgeReport, Option<i64>)> {
     const CTX: &str = "applying retention";
     let done_before = before(now, retention.done);
     let dead_before = before(now, retention.dead);
     let dedup_before = before(now, retention.dedup);
+    let to = from.saturating_add(PURGE_CHUNK);
 
     // Finished rows past the dedup window go first, with their history.
     let doomed: Vec<i64> = {
         let mut stmt = conn
             .prepare_cached(
                 "SELECT seq FROM events
-                 WHERE status IN ('done', 'skipped') AND received_at < ?1 LIMIT ?2",
+                 WHERE seq > ?1 AND seq <= ?2
+                   AND status IN ('done', 'skipped') AND received_at < ?3",
             )
             .map_err(db(CTX))?;
         let rows = stmt
-            .query_map((dedup_before, PURGE_CHUNK), |r| r.get(0))
+            .query_map((from, to, dedup_before), |r| r.get(0))
             .map_err(db(CTX))?;
         rows.collect::<rusqlite::Result<_>>().map_err(db(CTX))?
     };
@@ -638,18 +643,30 @@ pub(crate) fn purge_step(
     }
     let dropped = conn
         .prepare_cached(
-            "UPDATE events SET payload = NULL WHERE seq IN (
-                 SELECT seq FROM events
-                 WHERE payload IS NOT NULL
-                   AND ((status IN ('done', 'skipped') AND received_at < ?1)
-                     OR (status = 'dead' AND received_at < ?2))
-                 LIMIT ?3)",
+            "UPDATE events SET payload = NULL
+             WHERE seq > ?1 AND seq <= ?2 AND payload IS NOT NULL
+               AND ((status IN ('done', 'skipped') AND received_at < ?3)
+                 OR (status = 'dead' AND received_at < ?4))",
         )
         .map_err(db(CTX))?
-        .execute((done_before, dead_before, PURGE_CHUNK))
+        .execute((from, to, done_before, dead_before))
         .map_err(db(CTX))?;
-    Ok(PurgeReport {
-        payloads_dropped: dropped as u64,
-        rows_deleted: doomed.len() as u64,
-    })
+    let next: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT seq, received_at FROM events WHERE seq > ?1 ORDER BY seq LIMIT 1")
+        .map_err(db(CTX))?
+        .query_row([to], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(db(CTX))?;
+    let newest_cutoff = done_before.max(dead_before).max(dedup_before);
+    let next_from = match next {
+        Some((seq, received_at)) if received_at < newest_cutoff => Some(seq - 1),
+        _ => None,
+    };
+    Ok((
+        PurgeReport {
+            payloads_dropped: dropped as u64,
+            rows_deleted: doomed.len() as u64,
+        },
+        next_from,
+    ))
 }

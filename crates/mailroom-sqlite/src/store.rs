@@ -196,17 +196,18 @@ impl Store for SqliteStore {
         // Bounded steps, each its own write, so intake keeps flowing meanwhile.
         let now = now_ms();
         let mut total = PurgeReport::default();
+        let mut from = 0;
         loop {
-            let step = self
+            let (step, next) = self
                 .write(WhenFull::Wait, move |c, _| {
-                    sql::purge_step(c, &retention, now)
+                    sql::purge_step(c, &retention, now, from)
                 })
                 .await?;
             total.payloads_dropped += step.payloads_dropped;
             total.rows_deleted += step.rows_deleted;
-            let chunk = sql::PURGE_CHUNK as u64;
-            if step.payloads_dropped < chunk && step.rows_deleted < chunk {
-                return Ok(total);
+            match next {
+                Some(next) => from = next,
+                None => return Ok(total),
             }
         }
     }

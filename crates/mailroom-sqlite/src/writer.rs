@@ -171,9 +171,7 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, group: usize, com
                 Err(_) => break,
             }
         }
-        if commit_group(&conn, &mut batch) {
-            commits.fetch_add(1, Ordering::Relaxed);
-        }
+        commit_group(&conn, &mut batch, commits);
     }
     tracing::debug!("sqlite writer stopped: every handle was dropped");
 }
@@ -185,15 +183,16 @@ fn step(conn: &Connection, sql: &str, context: &'static str) -> Result<()> {
         .map_err(db(context))
 }
 
-/// Runs `batch` in one transaction; returns whether it committed.
-fn commit_group(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
+/// Runs `batch` in one transaction, counting it in `commits` (before anyone
+/// is answered) if it committed.
+fn commit_group(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, commits: &AtomicU64) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let why = format!("sqlite: starting a write transaction: {e}");
         tracing::warn!(error = %e, jobs = batch.len(), "sqlite write transaction could not start");
         for job in batch.drain(..) {
             job.abort(StoreError::Unavailable(why.clone()));
         }
-        return false;
+        return;
     }
     let mut answers: Vec<Box<dyn Answer>> = Vec::with_capacity(batch.len());
     let mut broken: Option<String> = None;
@@ -238,10 +237,10 @@ fn commit_group(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
     };
     match committed {
         Ok(()) => {
+            commits.fetch_add(1, Ordering::Relaxed);
             for answer in answers {
                 answer.deliver(Ok(()));
             }
-            true
         }
         Err(why) => {
             tracing::warn!(error = %why, jobs = answers.len(), "sqlite write group failed; nothing in it was committed");
@@ -253,7 +252,6 @@ fn commit_group(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
             for answer in answers {
                 answer.deliver(Err(&why));
             }
-            false
         }
     }
 }
