@@ -19,7 +19,8 @@ use std::time::Duration;
 /// a small pool of read connections.
 ///
 /// Cheap to clone; the writer thread stops (after finishing queued writes)
-/// when the last clone is dropped. Call [`Store::migrate`] once before use.
+/// when the last clone is dropped, and that drop waits for it to close the
+/// file (at most one group transaction). Call [`Store::migrate`] once before use.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
