@@ -1,1 +1,133 @@
-fn main() {}
+//! The `mailroom` binary (SPEC §8). `serve` runs intake, dispatcher and API;
+//! the other verbs work on the same store through the same configuration.
+
+mod commands;
+mod table;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Reliable event intake and processing: the transactional inbox and outbox.
+#[derive(Debug, Parser)]
+#[command(name = "mailroom", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Configuration file (default: $MAILROOM_CONFIG, else ./mailroom.toml if present, else built-in defaults).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run intake, dispatcher and HTTP API (applies pending migrations first).
+    Serve {
+        /// Listen address (overrides `listen`, and $MAILROOM_LISTEN).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
+    /// Per-topic counts, oldest pending age, blocked keys.
+    Status,
+    /// List or show events.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+    /// Send events back to pending with a fresh attempt budget: one by id, or all matching a filter.
+    Replay {
+        /// Event id (omit to replay by filter).
+        id: Option<String>,
+        /// Only this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only events in this status (default: dead).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this key.
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Mark a dead event skipped so its key unblocks.
+    Skip {
+        /// Event id.
+        id: String,
+    },
+    /// Drop payloads of finished events older than a duration, and rows past the dedup window.
+    Purge {
+        /// e.g. 7d.
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+    },
+    /// Apply pending schema migrations, then exit.
+    Migrate,
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+/// `events` verbs.
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// Newest first.
+    List {
+        /// Only this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this status (pending, running, done, dead, skipped).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this key.
+        #[arg(long)]
+        key: Option<String>,
+        /// Page size (max 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Continue from a previous page's next cursor.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// One event with its attempt history.
+    Show {
+        /// Event id.
+        id: String,
+    },
+}
+
+/// `config` verbs.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the configuration and print what it declares.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    commands::init_logging(&cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -143,7 +143,7 @@ async fn stats(State(s): State<AppState>) -> Result<Json<Value>, Problem> {
         let spec = s.engine.topic(&name);
         topics.push(json!({
             "topic": name,
-            "mode": spec.map(|t| t.mode.name()),
+            "mode": spec.map_or("single", |t| t.mode.name()),
             "handler": if s.engine.has_handler(&name) { "built-in" } else { "pull" },
             "counts": counts,
             "oldest_pending_age_seconds": st.oldest_pending.map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0),

@@ -1,0 +1,614 @@
+//! What each verb does. Errors carry context (`anyhow`); the library crates
+//! stay typed.
+
+use crate::table::{clip, render};
+use crate::{Cli, Command, ConfigCommand, EventsCommand};
+use anyhow::{Context, Result, bail};
+use mailroom::config::Config;
+use mailroom::{Engine, EventId, KeyCursor, ListFilter, Retention, Status, Store};
+use std::process::ExitCode;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Installs the tracing subscriber: text (default) or JSON lines; level from
+/// `RUST_LOG`, default `info`.
+pub fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init();
+    } else {
+        builder.init();
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn load_config(cli: &Cli) -> Result<Config> {
+    let path = mailroom::config::locate(cli.config.clone(), &env);
+    Ok(Config::load(path.as_deref(), &env)?)
+}
+
+async fn open(config: &Config) -> Result<Arc<dyn Store>> {
+    let store = mailroom::open_store(&config.store.url, config.store.group_commit)
+        .await
+        .with_context(|| format!("cannot open the store {}", config.store.url))?;
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("cannot migrate the store {}", config.store.url))?;
+    Ok(store)
+}
+
+fn parse_id(id: &str) -> Result<EventId> {
+    id.parse()
+        .with_context(|| format!("{id:?} is not an event id"))
+}
+
+fn parse_status(s: Option<String>) -> Result<Option<Status>> {
+    s.map(|s| s.parse::<Status>().map_err(anyhow::Error::msg))
+        .transpose()
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Serve { listen } => {
+            let mut config = load_config(&cli)?;
+            if let Some(l) = listen {
+                config.listen = l.clone();
+            }
+            serve(config).await?;
+        }
+        Command::Migrate => {
+            let config = load_config(&cli)?;
+            open(&config).await?;
+            println!("{}: schema is up to date", config.store.url);
+        }
+        Command::Status => {
+            let config = load_config(&cli)?;
+            status(&config, json).await?;
+        }
+        Command::Events { command } => {
+            let config = load_config(&cli)?;
+            let store = open(&config).await?;
+            match command {
+                EventsCommand::List {
+                    topic,
+                    status,
+                    key,
+                    limit,
+                    cursor,
+                } => {
+                    let filter = ListFilter {
+                        topic: topic.clone(),
+                        status: parse_status(status.clone())?,
+                        key: key.clone(),
+                        limit: (*limit).clamp(1, 1000),
+                        cursor: cursor.as_deref().map(parse_id).transpose()?.map(KeyCursor),
+                    };
+                    let page = store.list(&filter).await?;
+                    let next = page.next_cursor.map(|c| c.0.to_string());
+                    if json {
+                        let events: Vec<_> = page.events.iter().map(|e| e.to_json(false)).collect();
+                        println!(
+                            "{}",
+                            serde_json::json!({ "events": events, "next_cursor": next })
+                        );
+                    } else {
+                        let rows: Vec<Vec<String>> = page
+                            .events
+                            .iter()
+                            .map(|e| {
+                                vec![
+                                    e.id.to_string(),
+                                    e.topic.clone(),
+                                    e.status.to_string(),
+                                    format!("{}/{}", e.attempts, e.max_attempts),
+                                    e.key.clone().unwrap_or_default(),
+                                    e.event_type.clone().unwrap_or_default(),
+                                    e.received_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+                                    clip(e.last_error.as_deref().unwrap_or(""), 60),
+                                ]
+                            })
+                            .collect();
+                        print!(
+                            "{}",
+                            render(
+                                &[
+                                    "ID",
+                                    "TOPIC",
+                                    "STATUS",
+                                    "ATTEMPTS",
+                                    "KEY",
+                                    "TYPE",
+                                    "RECEIVED (UTC)",
+                                    "LAST ERROR"
+                                ],
+                                &rows
+                            )
+                        );
+                        if let Some(n) = next {
+                            println!("(more: --cursor {n})");
+                        }
+                    }
+                }
+                EventsCommand::Show { id } => {
+                    let event = store
+                        .get(parse_id(id)?)
+                        .await?
+                        .with_context(|| format!("no event {id}"))?;
+                    if json {
+                        println!("{}", event.to_json(true));
+                    } else {
+                        show(&event);
+                    }
+                }
+            }
+        }
+        Command::Replay {
+            id,
+            topic,
+            status,
+            key,
+        } => {
+            let config = load_config(&cli)?;
+            let engine = offline_engine(&config).await?;
+            match id {
+                Some(id) => {
+                    if topic.is_some() || status.is_some() || key.is_some() {
+                        bail!("give an event id or filters (--topic/--status/--key), not both");
+                    }
+                    let e = engine.replay(parse_id(id)?).await?;
+                    if json {
+                        println!("{}", e.to_json(false));
+                    } else {
+                        println!(
+                            "{} is pending again (attempt {} of {} next)",
+                            e.id,
+                            e.attempts + 1,
+                            e.max_attempts
+                        );
+                    }
+                }
+                None => {
+                    let status = parse_status(status.clone())?.unwrap_or(Status::Dead);
+                    if status == Status::Running {
+                        bail!("running events cannot be replayed");
+                    }
+                    eprintln!("replaying {status} events…");
+                    let filter = ListFilter {
+                        topic: topic.clone(),
+                        status: Some(status),
+                        key: key.clone(),
+                        ..ListFilter::default()
+                    };
+                    let n = engine.replay_matching(&filter).await?;
+                    if json {
+                        println!("{}", serde_json::json!({ "replayed": n }));
+                    } else {
+                        println!("{n} events are pending again");
+                    }
+                }
+            }
+        }
+        Command::Skip { id } => {
+            let config = load_config(&cli)?;
+            let engine = offline_engine(&config).await?;
+            let e = engine.skip(parse_id(id)?).await?;
+            if json {
+                println!("{}", e.to_json(false));
+            } else {
+                println!("{} skipped; its key is unblocked", e.id);
+            }
+        }
+        Command::Purge { older_than } => {
+            let config = load_config(&cli)?;
+            let d = mailroom::duration::parse(older_than)?;
+            let store = open(&config).await?;
+            eprintln!("purging finished events older than {older_than}…");
+            let report = store
+                .purge(Retention {
+                    done: d,
+                    dead: d,
+                    dedup: config.retention.dedup.max(d),
+                })
+                .await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "payloads_dropped": report.payloads_dropped, "rows_deleted": report.rows_deleted })
+                );
+            } else {
+                println!(
+                    "payloads dropped: {}, rows deleted (past the dedup window of {}): {}",
+                    report.payloads_dropped,
+                    mailroom::duration::format(config.retention.dedup.max(d)),
+                    report.rows_deleted
+                );
+            }
+        }
+        Command::Config {
+            command: ConfigCommand::Check,
+        } => return config_check(&cli, json),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An engine that is never run: it gives replays their topic's budget.
+async fn offline_engine(config: &Config) -> Result<Engine> {
+    let store = open(config).await?;
+    Ok(Engine::from_config(config, store)?.build()?)
+}
+
+async fn serve(config: Config) -> Result<()> {
+    let addr = config.listen_addr()?;
+    let loopback = addr.ip().is_loopback();
+    let tokens = config.api_tokens();
+    if !loopback && tokens.is_empty() {
+        bail!(
+            "{}: refusing to listen on {addr} without api_token: anyone could read and replay events. \
+             Set api_token (or MAILROOM_API_TOKEN), or listen on 127.0.0.1",
+            config.origin
+        );
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    let store = open(&config).await?;
+    let engine = Engine::from_config(&config, store)?
+        .accept_undeclared_sources(loopback)
+        .build()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
+    if loopback && config.sources.is_empty() {
+        tracing::info!(
+            "no sources declared: any POST /webhooks/<name> is accepted on loopback (topic = <name>)"
+        );
+    }
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(wait_for_signals(shutdown.clone()));
+    let upkeep = {
+        let handle = prometheus.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_secs(5)) => handle.run_upkeep(),
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        })
+    };
+    let render: mailroom_server::MetricsRenderer = Arc::new(move || prometheus.render());
+    let router = mailroom_server::router(
+        engine.clone(),
+        mailroom_server::ServerOptions {
+            api_tokens: tokens,
+            metrics: Some(render),
+        },
+    );
+    let server = mailroom_server::serve(listener, router, shutdown.clone());
+    let (served, ()) = tokio::join!(server, engine.run(shutdown.clone()));
+    let _ = upkeep.await;
+    served.context("HTTP server failed")?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// First SIGINT/SIGTERM: graceful shutdown (stop intake, finish attempts in
+/// flight). A second one exits at once; leases of unfinished attempts then
+/// expire and their events are retried.
+async fn wait_for_signals(shutdown: CancellationToken) {
+    async fn one_signal() {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    one_signal().await;
+    tracing::info!(
+        "shutting down: intake stopped, finishing attempts in flight (signal again to force)"
+    );
+    shutdown.cancel();
+    one_signal().await;
+    tracing::warn!("forced exit; unfinished attempts will be retried after their leases expire");
+    std::process::exit(130);
+}
+
+async fn status(config: &Config, json: bool) -> Result<()> {
+    let store = open(config).await?;
+    let stats = store.stats().await?;
+    let now = jiff::Timestamp::now();
+    let age = |t: Option<jiff::Timestamp>| {
+        t.map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
+    };
+    if json {
+        let topics: Vec<_> = stats
+            .iter()
+            .map(|s| {
+                let counts: serde_json::Map<String, serde_json::Value> = Status::ALL
+                    .iter()
+                    .map(|st| (st.as_str().to_string(), s.count(*st).into()))
+                    .collect();
+                serde_json::json!({
+                    "topic": s.topic,
+                    "counts": counts,
+                    "oldest_pending_age_seconds": age(s.oldest_pending),
+                    "blocked_keys": s.blocked_keys,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "topics": topics }));
+        return Ok(());
+    }
+    if stats.is_empty() {
+        println!("no events yet in {}", config.store.url);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = stats
+        .iter()
+        .map(|s| {
+            vec![
+                s.topic.clone(),
+                s.count(Status::Pending).to_string(),
+                s.count(Status::Running).to_string(),
+                s.count(Status::Done).to_string(),
+                s.count(Status::Dead).to_string(),
+                s.count(Status::Skipped).to_string(),
+                age(s.oldest_pending)
+                    .map(|a| format!("{a:.1}s"))
+                    .unwrap_or_else(|| "-".into()),
+                s.blocked_keys.to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        render(
+            &[
+                "TOPIC",
+                "PENDING",
+                "RUNNING",
+                "DONE",
+                "DEAD",
+                "SKIPPED",
+                "OLDEST PENDING",
+                "BLOCKED KEYS"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+fn show(e: &mailroom::Event) {
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    println!("id              {}", e.id);
+    println!("status          {}", e.status);
+    println!("topic           {}", e.topic);
+    println!("source          {}", e.source);
+    println!("dedup key       {}", e.dedup_key);
+    println!("key             {}", opt(&e.key));
+    println!("type            {}", opt(&e.event_type));
+    println!("attempts        {} of {}", e.attempts, e.max_attempts);
+    println!("received at     {}", e.received_at);
+    if let Some(t) = e.next_attempt_at {
+        println!("next attempt at {t}");
+    }
+    println!("correlation id  {}", opt(&e.correlation_id));
+    println!("content type    {}", opt(&e.content_type));
+    println!("last error      {}", opt(&e.last_error));
+    match &e.payload {
+        None => println!("payload         (purged by retention)"),
+        Some(p) => println!("payload         {}", clip(&String::from_utf8_lossy(p), 200)),
+    }
+    if !e.history.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = e
+            .history
+            .iter()
+            .map(|a| {
+                vec![
+                    a.attempt.to_string(),
+                    a.started_at.strftime("%H:%M:%S%.3f").to_string(),
+                    a.finished_at
+                        .map(|t| t.strftime("%H:%M:%S%.3f").to_string())
+                        .unwrap_or_default(),
+                    a.outcome.as_str().to_string(),
+                    a.worker.clone().unwrap_or_default(),
+                    clip(a.error.as_deref().unwrap_or(""), 70),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            render(
+                &[
+                    "ATTEMPT", "STARTED", "FINISHED", "OUTCOME", "WORKER", "ERROR"
+                ],
+                &rows
+            )
+        );
+    }
+}
+
+fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
+    let config = load_config(cli)?;
+    let mut warnings = Vec::new();
+    let addr = config.listen_addr()?;
+    if !addr.ip().is_loopback() && config.api_tokens().is_empty() {
+        bail!(
+            "{}: listen: {addr} is not loopback and no api_token is set; serve would refuse to start",
+            config.origin
+        );
+    }
+    // Building the engine validates every topic, source, handler and secret.
+    let store: Arc<dyn Store> = Arc::new(NoStore);
+    let engine = Engine::from_config(&config, store)?.build()?;
+    for (i, s) in config.sources.iter().enumerate() {
+        let topic = s.topic.clone().unwrap_or_else(|| s.name.clone());
+        if !config.topics.iter().any(|t| t.name == topic) {
+            warnings.push(format!(
+                "source[{i}] ({}) sends to undeclared topic {topic:?}: it gets default settings and no handler (pull)",
+                s.name
+            ));
+        }
+    }
+    for t in engine.topics() {
+        if matches!(t.mode, mailroom::Mode::Batch(_)) {
+            warnings.push(format!(
+                "topic {:?}: batch mode is not available in this build; its events stay pending",
+                t.name
+            ));
+        }
+    }
+    if config.amqp.is_some() {
+        warnings.push("[amqp]: AMQP is not available in this build; the section is ignored".into());
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "ok": true, "file": config.origin, "warnings": warnings })
+        );
+    } else {
+        println!("{}: ok", config.origin);
+        println!("  listen  {}", config.listen);
+        println!("  store   {}", config.store.url);
+        let mut topics: Vec<_> = engine.topics().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in topics {
+            println!(
+                "  topic   {} ({}, concurrency {}, {} attempts, timeout {}, handler: {})",
+                t.name,
+                t.mode.name(),
+                t.concurrency,
+                t.retry.max_attempts,
+                mailroom::duration::format(t.timeout),
+                if engine.has_handler(&t.name) {
+                    "built-in"
+                } else {
+                    "pull"
+                }
+            );
+        }
+        for s in &config.sources {
+            println!(
+                "  source  POST /webhooks/{} -> {}{}",
+                s.name,
+                s.topic.as_deref().unwrap_or(&s.name),
+                s.verify
+                    .as_ref()
+                    .map(|v| format!(
+                        " (verify: {})",
+                        v.scheme.as_deref().or(s.preset.as_deref()).unwrap_or("?")
+                    ))
+                    .unwrap_or_default()
+            );
+        }
+        for w in &warnings {
+            println!("warning: {w}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A store that refuses everything: `config check` builds an engine to
+/// validate the configuration without touching the real store.
+#[derive(Debug)]
+struct NoStore;
+
+#[async_trait::async_trait]
+impl Store for NoStore {
+    async fn migrate(&self) -> mailroom::Result<()> {
+        Err(unavailable())
+    }
+    async fn insert(&self, _: mailroom::NewEvent) -> mailroom::Result<mailroom::Inserted> {
+        Err(unavailable())
+    }
+    async fn claim(&self, _: &mailroom::ClaimRequest) -> mailroom::Result<Vec<mailroom::Claimed>> {
+        Err(unavailable())
+    }
+    async fn complete(
+        &self,
+        _: EventId,
+        _: mailroom::FencingToken,
+        _: mailroom::Completion,
+    ) -> mailroom::Result<()> {
+        Err(unavailable())
+    }
+    async fn extend(
+        &self,
+        _: EventId,
+        _: mailroom::FencingToken,
+        _: std::time::Duration,
+    ) -> mailroom::Result<jiff::Timestamp> {
+        Err(unavailable())
+    }
+    async fn rescue_expired(&self) -> mailroom::Result<u64> {
+        Err(unavailable())
+    }
+    async fn next_due(
+        &self,
+        _: &mailroom::ClaimRequest,
+    ) -> mailroom::Result<Option<jiff::Timestamp>> {
+        Err(unavailable())
+    }
+    async fn get(&self, _: EventId) -> mailroom::Result<Option<mailroom::Event>> {
+        Err(unavailable())
+    }
+    async fn list(&self, _: &ListFilter) -> mailroom::Result<mailroom::Page> {
+        Err(unavailable())
+    }
+    async fn replay(&self, _: EventId, _: u32) -> mailroom::Result<mailroom::Event> {
+        Err(unavailable())
+    }
+    async fn replay_matching(&self, _: &ListFilter, _: u32) -> mailroom::Result<u64> {
+        Err(unavailable())
+    }
+    async fn skip(&self, _: EventId) -> mailroom::Result<mailroom::Event> {
+        Err(unavailable())
+    }
+    async fn stats(&self) -> mailroom::Result<Vec<mailroom::TopicStats>> {
+        Err(unavailable())
+    }
+    async fn purge(&self, _: Retention) -> mailroom::Result<mailroom::PurgeReport> {
+        Err(unavailable())
+    }
+    async fn now(&self) -> mailroom::Result<jiff::Timestamp> {
+        Err(unavailable())
+    }
+}
+
+fn unavailable() -> mailroom::StoreError {
+    mailroom::StoreError::Unavailable("config check does not open the store".into())
+}
