@@ -38,7 +38,7 @@ pub fn parse(input: &str) -> Result<Duration, ParseDurationError> {
         _ => return Err(err()),
     };
     let secs = value * unit_secs;
-    if !secs.is_finite() || secs < 0.0 || secs > 100.0 * 365.0 * 86400.0 {
+    if !secs.is_finite() || !(0.0..=100.0 * 365.0 * 86400.0).contains(&secs) {
         return Err(err());
     }
     Ok(Duration::from_secs_f64(secs))

@@ -80,6 +80,17 @@ pub enum Completion {
     },
 }
 
+/// Lets handlers return `Result<(), E>`: `Ok` is success, `Err` a retryable
+/// failure whose text is kept in the history.
+impl<E: std::fmt::Display> From<Result<(), E>> for Outcome {
+    fn from(r: Result<(), E>) -> Self {
+        match r {
+            Ok(()) => Outcome::Success,
+            Err(e) => Outcome::retry(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,16 +147,5 @@ mod tests {
             Outcome::Success.resolve(3, 3, &policy(), 0.0),
             Completion::Done
         );
-    }
-}
-
-/// Lets handlers return `Result<(), E>`: `Ok` is success, `Err` a retryable
-/// failure whose text is kept in the history.
-impl<E: std::fmt::Display> From<Result<(), E>> for Outcome {
-    fn from(r: Result<(), E>) -> Self {
-        match r {
-            Ok(()) => Outcome::Success,
-            Err(e) => Outcome::retry(e.to_string()),
-        }
     }
 }
