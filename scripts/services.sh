@@ -11,7 +11,8 @@
 #   scripts/services.sh status  say whether they are up
 #   scripts/services.sh down    stop them and delete their data
 #
-# State lives in $MAILROOM_SERVICES_DIR (default: /tmp/mailroom-services-$USER).
+# State lives in $MAILROOM_SERVICES_DIR (default: /tmp/mailroom-services-$USER;
+# $TMPDIR instead of /tmp when not root).
 # `up` when already up just prints the exports; `down` when down is a no-op.
 
 set -euo pipefail
@@ -21,7 +22,7 @@ cd "$REPO_ROOT"
 # shellcheck source=lib/services.sh
 source "$REPO_ROOT/scripts/lib/services.sh"
 
-DIR="${MAILROOM_SERVICES_DIR:-${TMPDIR:-/tmp}/mailroom-services-$(id -un)}"
+DIR="${MAILROOM_SERVICES_DIR:-$(mr_tmp_base)/mailroom-services-$(id -un)}"
 
 is_up() {
   [[ -f "$DIR/env" && -f "$DIR/pg.port" && -f "$DIR/amqp.port" ]] || return 1

@@ -80,7 +80,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 section "services: PostgreSQL 15 + RabbitMQ"
-STATE="$(mktemp -d "${TMPDIR:-/tmp}/mailroom-test.XXXXXX")"
+STATE="$(mktemp -d "$(mr_tmp_base)/mailroom-test.XXXXXX")"
 t="$(mr_now)"
 mr_services_up "$STATE"
 export MAILROOM_TEST_POSTGRES_URL="$MR_PG_URL"

@@ -130,6 +130,12 @@ mr_tail() {
 
 # ------------------------------------------------------------------- state --
 
+# Where state dirs go. As root the servers run as postgres/rabbitmq, which
+# must be able to traverse the path: $TMPDIR may be under /root, so use /tmp.
+mr_tmp_base() {
+  if mr_is_root; then echo /tmp; else echo "${TMPDIR:-/tmp}"; fi
+}
+
 mr_state_init() {
   # $1: state dir to create (must not exist or be empty)
   MR_STATE="$1"
@@ -231,7 +237,7 @@ mr_rabbit_env() {
   echo RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
-mr_rabbit_start() {
+mr_rabbit_start_once() {
   local start r="$MR_STATE/rabbit"
   start="$(mr_now)"
   MR_AMQP_PORT="$(mr_free_port)"
@@ -261,7 +267,7 @@ EOF
     env "${env[@]}" epmd -port "$MR_EPMD_PORT" -address 127.0.0.1
   local deadline=$((SECONDS + 15))
   until mr_port_busy "$MR_EPMD_PORT"; do
-    ((SECONDS < deadline)) || { mr_tail "$MR_STATE/epmd.log"; mr_die "epmd did not start on port $MR_EPMD_PORT"; }
+    ((SECONDS < deadline)) || { mr_tail "$MR_STATE/epmd.log"; mr_log "epmd did not start on port $MR_EPMD_PORT"; return 1; }
     sleep 0.1
   done
 
@@ -276,11 +282,11 @@ EOF
   until mr_amqp_handshake "$MR_AMQP_PORT"; do
     if ! kill -0 "$pid" 2>/dev/null; then
       mr_tail "$MR_STATE/rabbit.out" "$r"/log/*.log
-      mr_die "RabbitMQ node exited during startup (see log above)"
+      mr_log "RabbitMQ node exited during startup (see log above)"; return 1
     fi
     if ((SECONDS > deadline)); then
       mr_tail "$MR_STATE/rabbit.out" "$r"/log/*.log
-      mr_die "RabbitMQ did not answer the AMQP handshake on 127.0.0.1:$MR_AMQP_PORT within ${MR_START_TIMEOUT}s"
+      mr_log "RabbitMQ did not answer the AMQP handshake on 127.0.0.1:$MR_AMQP_PORT within ${MR_START_TIMEOUT}s"; return 1
     fi
     sleep 0.5
   done
@@ -288,20 +294,39 @@ EOF
   mr_log "RabbitMQ: ready ($MR_AMQP_URL) in $(mr_since "$start")"
 }
 
+mr_rabbit_start() {
+  # A second try (new ports, new node name) covers losing a race for one of
+  # the three ports to another process; a real failure fails twice.
+  local attempt
+  for attempt in 1 2; do
+    mr_rabbit_start_once && return 0
+    mr_rabbit_stop || true
+    ((attempt == 1)) && mr_log "RabbitMQ: retrying with other ports"
+  done
+  mr_die "RabbitMQ failed to start (logs above; state in $MR_STATE)"
+}
+
+# True if process group $1 has a live (non-zombie) member. Zombies count as
+# gone: once the servers are orphaned, reaping is up to PID 1.
+mr_group_alive() {
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
+}
+
 mr_kill_group() {
-  # $1 pid/pgid file, $2 label. TERM the group, wait up to 20 s, then KILL.
-  local f="$1" label="$2" pg i
+  # $1 pid/pgid file, $2 label, $3 signal (TERM). Signal the group, wait up
+  # to 20 s, then KILL.
+  local f="$1" label="$2" sig="${3:-TERM}" pg i
   [[ -f "$f" ]] || return 0
   pg="$(cat "$f")"
   [[ -n "$pg" ]] || return 0
-  if kill -0 -- "-$pg" 2>/dev/null; then
+  if mr_group_alive "$pg"; then
     mr_log "$label: stopping"
-    kill -TERM -- "-$pg" 2>/dev/null || true
+    kill -"$sig" -- "-$pg" 2>/dev/null || true
     for ((i = 0; i < 200; i++)); do
-      kill -0 -- "-$pg" 2>/dev/null || break
+      mr_group_alive "$pg" || break
       sleep 0.1
     done
-    if kill -0 -- "-$pg" 2>/dev/null; then
+    if mr_group_alive "$pg"; then
       mr_log "$label: did not stop in 20s, killing"
       kill -KILL -- "-$pg" 2>/dev/null || true
     fi
@@ -312,7 +337,8 @@ mr_kill_group() {
 mr_rabbit_stop() {
   # beam.smp turns SIGTERM into a clean shutdown (Erlang >= 23).
   mr_kill_group "$MR_STATE/rabbit.pgid" "RabbitMQ"
-  mr_kill_group "$MR_STATE/epmd.pid" "epmd"
+  # epmd keeps no state, and under runuser a TERM costs a 2 s grace period.
+  mr_kill_group "$MR_STATE/epmd.pid" "epmd" KILL
 }
 
 # ---------------------------------------------------------------- all ------
