@@ -288,8 +288,17 @@ impl Engine {
             dead: config.retention.dead,
             dedup: config.retention.dedup,
         });
+        if config.amqp.is_some() {
+            return Err(config.invalid("amqp", "AMQP topology is not available in this build yet"));
+        }
         for (i, t) in config.topics.iter().enumerate() {
             let spec = TopicSpec::from_config(t, i, config)?;
+            if matches!(spec.mode, mailroom_core::Mode::Batch(_)) {
+                return Err(config.invalid(
+                    format!("topic[{i}].mode"),
+                    "batch topics are not available in this build yet",
+                ));
+            }
             if let Some(h) = &t.handler {
                 if let Some(handler) = crate::handler_config::build(h, &spec, i, config)? {
                     b = b.handler(spec.name.clone(), handler);
