@@ -67,15 +67,22 @@ mr_sudo() {
 # ---------------------------------------------------------------- packages --
 
 mr_apt_install() {
-  # Non-interactive, no service start prompts, wait for a concurrent apt/dpkg.
-  local start; start="$(mr_now)"
-  mr_log "apt-get update"
-  mr_sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq update
-  mr_log "apt-get install $*"
-  mr_sudo env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get \
-    -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-    -y -qq --no-install-recommends install "$@" >/dev/null
-  mr_log "apt-get install done in $(mr_since "$start")"
+  # Non-interactive, keep existing conffiles, wait for a concurrent apt/dpkg;
+  # three tries, since a mirror hiccup should not fail a CI run.
+  local start try; start="$(mr_now)"
+  for try in 1 2 3; do
+    mr_log "apt-get update (try $try/3)"
+    if mr_sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq update &&
+      mr_log "apt-get install $*" &&
+      mr_sudo env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get \
+        -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+        -y -qq --no-install-recommends --no-upgrade install "$@" >/dev/null; then
+      mr_log "apt-get install done in $(mr_since "$start")"
+      return 0
+    fi
+    ((try < 3)) && sleep $((try * 10))
+  done
+  mr_die "apt-get install $* failed 3 times"
 }
 
 mr_ensure_packages() {
