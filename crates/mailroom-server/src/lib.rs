@@ -5,6 +5,11 @@
 //!
 //! - [`webhooks`]: `POST /webhooks/{source}` — verify, dedup, commit, then 200.
 //! - [`api`]: `/v1/events` (list, show, replay, skip), `/v1/replay`, `/v1/stats`.
+//! - [`pull`]: `/v1/topics/{topic}/claim`, `/v1/events/{id}/ack|nack|extend` for pull workers.
+//! - [`limits`]: load shedding — header and body read deadlines, header
+//!   limits, caps on connections and requests in flight (503), per-source
+//!   rate limits (429).
+//! - `POST /v1/events` with `Idempotency-Key` (module `idempotency`).
 //! - `/metrics` (Prometheus text, rendered by the binary's exporter),
 //!   `/healthz`, `/readyz`.
 //!
@@ -12,7 +17,10 @@
 
 pub mod api;
 mod auth;
+mod idempotency;
+pub mod limits;
 pub mod problem;
+pub mod pull;
 pub mod webhooks;
 
 use axum::Router;
@@ -36,6 +44,8 @@ pub struct ServerOptions {
     pub api_tokens: Vec<String>,
     /// Serves `/metrics` when set.
     pub metrics: Option<MetricsRenderer>,
+    /// Load-shedding limits (see [`limits::Limits`] for the defaults).
+    pub limits: limits::Limits,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -43,6 +53,7 @@ impl std::fmt::Debug for ServerOptions {
         f.debug_struct("ServerOptions")
             .field("api_tokens", &self.api_tokens.len())
             .field("metrics", &self.metrics.is_some())
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -54,6 +65,8 @@ pub struct AppState {
     pub engine: Engine,
     /// Options.
     pub options: Arc<ServerOptions>,
+    inflight: Arc<idempotency::InFlight>,
+    rate: Arc<limits::RateLimiter>,
 }
 
 /// The whole HTTP surface.
@@ -61,12 +74,17 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
     let state = AppState {
         engine,
         options: Arc::new(options),
+        inflight: Arc::default(),
+        rate: Arc::default(),
     };
-    let v1 = api::routes().route_layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        auth::require_token,
-    ));
-    Router::new()
+    let max_in_flight = state.options.limits.max_concurrent_requests.max(1);
+    let v1 = api::routes()
+        .merge(pull::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    let routes = Router::new()
         // Each source has its own max_body; the webhook route enforces it.
         .route(
             "/webhooks/{source}",
@@ -76,7 +94,8 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .with_state(state)
+        .with_state(state);
+    limits::shed_beyond(routes, max_in_flight)
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -98,14 +117,27 @@ async fn ready(State(s): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown`; then stops accepting and
-/// finishes requests in flight (so nothing half-committed is answered).
+/// Serves `router` on `listener` until `shutdown` with the default
+/// [`limits::Limits`]; see [`serve_with`].
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    serve_with(listener, router, shutdown, &limits::Limits::default()).await
+}
+
+/// Serves `router` on `listener` until `shutdown`; then stops accepting and
+/// finishes requests in flight (so nothing half-committed is answered).
+///
+/// Connections are served by hyper directly (not `axum::serve`) for the
+/// limits a public listener needs: `limits.header_read_timeout`,
+/// `max_headers`, `max_header_bytes` and `max_connections`.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    limits: &limits::Limits,
+) -> std::io::Result<()> {
+    limits::serve_connections(listener, router, shutdown, limits).await
 }

@@ -421,6 +421,11 @@ impl Engine {
         Ok(self.insert(event).await?)
     }
 
+    /// A declared webhook source's settings.
+    pub fn source(&self, name: &str) -> Option<&SourceSpec> {
+        self.inner.sources.get(name)
+    }
+
     /// The limit on a source's body (the default for undeclared sources).
     pub fn max_body(&self, source: &str) -> u64 {
         self.inner
@@ -472,6 +477,42 @@ impl Engine {
             self.wake(&t);
         }
         Ok(total)
+    }
+
+    /// Records a pull worker's verdict on its claim (`ack` / `nack`): the
+    /// outcome is resolved by the topic's retry policy exactly as for built-in
+    /// handlers, and stored only if `token` is still the current one.
+    pub async fn finish_claim(
+        &self,
+        id: EventId,
+        token: mailroom_core::FencingToken,
+        outcome: mailroom_core::Outcome,
+    ) -> Result<mailroom_core::Completion, StoreError> {
+        let event = self
+            .inner
+            .store
+            .get(id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let policy = self
+            .inner
+            .topics
+            .get(&event.topic)
+            .map(|t| t.spec.retry.clone())
+            .unwrap_or_default();
+        // The claim's attempt number is its token.
+        let completion = outcome.resolve(
+            token.0,
+            event.max_attempts,
+            &policy,
+            rand::random::<f64>() * 2.0 - 1.0,
+        );
+        self.inner
+            .store
+            .complete(id, token, completion.clone())
+            .await?;
+        self.wake(&event.topic);
+        Ok(completion)
     }
 
     /// Skips a dead event so its key unblocks.
