@@ -82,7 +82,11 @@ async fn acknowledged_events_survive_kill_9() {
         t.await.expect("load task");
     }
     let acked = acked.lock().expect("lock").clone();
-    assert!(acked.len() >= 1000, "too little load before the kill: {}", acked.len());
+    assert!(
+        acked.len() >= 1000,
+        "too little load before the kill: {}",
+        acked.len()
+    );
 
     // Restart and count: every acknowledged id must be stored.
     let (mut child, base) = start(dir.path());
@@ -93,7 +97,14 @@ async fn acknowledged_events_survive_kill_9() {
         if let Some(c) = &cursor {
             url.push_str(&format!("&cursor={c}"));
         }
-        let page: serde_json::Value = client.get(url).send().await.expect("list").json().await.expect("json");
+        let page: serde_json::Value = client
+            .get(url)
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
         for e in page["events"].as_array().expect("events") {
             stored.insert(e["dedup_key"].as_str().expect("dedup_key").to_string());
         }
@@ -105,6 +116,15 @@ async fn acknowledged_events_survive_kill_9() {
     child.kill().expect("stop");
     let _ = child.wait();
     let lost: Vec<_> = acked.difference(&stored).collect();
-    assert!(lost.is_empty(), "{} acknowledged events were lost, e.g. {:?}", lost.len(), lost.first());
-    eprintln!("acknowledged {}, stored {} (the difference was in flight at the kill)", acked.len(), stored.len());
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged events were lost, e.g. {:?}",
+        lost.len(),
+        lost.first()
+    );
+    eprintln!(
+        "acknowledged {}, stored {} (the difference was in flight at the kill)",
+        acked.len(),
+        stored.len()
+    );
 }

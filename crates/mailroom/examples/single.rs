@@ -24,7 +24,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "emails",
             handler_fn(|event: Event| async move {
                 if event.attempts == 1 {
-                    return Outcome::retry("SMTP server busy (first attempts always fail in this example)");
+                    return Outcome::retry(
+                        "SMTP server busy (first attempts always fail in this example)",
+                    );
                 }
                 println!(
                     "sent {} (attempt {}): {}",
@@ -38,8 +40,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     for n in 1..=3 {
-        let draft = Draft::json("emails", &serde_json::json!({ "to": format!("user{n}@example.com") }))
-            .dedup_key(format!("welcome-{n}"));
+        let draft = Draft::json(
+            "emails",
+            &serde_json::json!({ "to": format!("user{n}@example.com") }),
+        )
+        .dedup_key(format!("welcome-{n}"));
         let stored = engine.enqueue(draft).await?; // durable when this returns
         println!("enqueued welcome-{n} as {}", stored.id);
     }
@@ -65,7 +70,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     shutdown.cancel();
     running.await?;
 
-    let page = store.list(&mailroom::ListFilter { limit: 10, ..Default::default() }).await?;
+    let page = store
+        .list(&mailroom::ListFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await?;
     for e in page.events {
         let full = store.get(e.id).await?.ok_or("event vanished")?;
         let outcomes: Vec<&str> = full.history.iter().map(|a| a.outcome.as_str()).collect();
