@@ -41,7 +41,7 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
-# shellcheck source=lib/services.sh
+# shellcheck source=scripts/lib/services.sh
 source "$REPO_ROOT/scripts/lib/services.sh"
 
 services_only=false
