@@ -1,0 +1,201 @@
+//! `/v1` reads (lists, paging, filters, stats), health, and bearer tokens.
+
+use crate::support::{Db, expect_problem, start, start_with};
+use mailroom::handler::handler_fn;
+use mailroom::{Engine, Event, Outcome, SourceSpec, TopicSpec};
+use mailroom_server::ServerOptions;
+use serde_json::{Value, json};
+
+fn ids(events: &Value) -> Vec<String> {
+    events
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+/// `GET /v1/events` lists newest first in cursor-linked pages, filters by
+/// topic and status, `/v1/stats` counts by status, and `/healthz`, `/readyz`
+/// answer 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_list_pages_filters_and_stats_count() {
+    let server = start(|store| {
+        Engine::builder(store)
+            .topic(TopicSpec::new("work"))
+            .topic(TopicSpec::new("parked"))
+            .source(SourceSpec::new("work", "work"))
+            .source(SourceSpec::new("parked", "parked"))
+            .handler(
+                "work",
+                handler_fn(|ev: Event| async move {
+                    let payload = ev.payload.unwrap_or_default();
+                    if payload.starts_with(b"{\"fail\"") {
+                        Outcome::permanent("told to fail")
+                    } else {
+                        Outcome::Success
+                    }
+                }),
+            )
+    })
+    .await;
+
+    // Five pull events (stay pending), inserted in order.
+    let mut parked = Vec::new();
+    for i in 0..5 {
+        parked.push(
+            server
+                .accept("parked", &format!("p-{i}"), &json!({"i": i}))
+                .await,
+        );
+    }
+    // Three processed: two done, one dead.
+    let ok1 = server.accept("work", "w-1", &json!({"ok": 1})).await;
+    let bad = server.accept("work", "w-2", &json!({"fail": 1})).await;
+    let ok2 = server.accept("work", "w-3", &json!({"ok": 2})).await;
+    server.event_with_status(&ok1, "done").await;
+    server.event_with_status(&bad, "dead").await;
+    server.event_with_status(&ok2, "done").await;
+
+    // Pages of 2, newest first, linked by next_cursor until null.
+    let mut seen = Vec::new();
+    let mut path = "/v1/events?topic=parked&limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let page = server.get_json(&path).await;
+        pages += 1;
+        let page_ids = ids(&page["events"]);
+        assert!(page_ids.len() <= 2);
+        seen.extend(page_ids);
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/v1/events?topic=parked&limit=2&cursor={c}"),
+            None => break,
+        }
+        assert!(pages < 10, "paging ends");
+    }
+    let newest_first: Vec<String> = parked.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    assert_eq!(pages, 3);
+
+    // No filter: every topic, every status, newest first.
+    let all = server.get_json("/v1/events").await;
+    assert_eq!(all["next_cursor"], Value::Null);
+    let mut expected: Vec<String> = parked.clone();
+    expected.extend([ok1.clone(), bad.clone(), ok2.clone()]);
+    expected.reverse();
+    assert_eq!(ids(&all["events"]), expected);
+    assert!(
+        all["events"][0].get("history").is_none(),
+        "lists carry no history"
+    );
+
+    // Status filters.
+    let dead = server.get_json("/v1/events?status=dead").await;
+    assert_eq!(ids(&dead["events"]), [bad.as_str()]);
+    assert_eq!(dead["events"][0]["last_error"], "told to fail");
+    let done = server.get_json("/v1/events?topic=work&status=done").await;
+    assert_eq!(ids(&done["events"]), [ok2.as_str(), ok1.as_str()]);
+    let pending = server.get_json("/v1/events?status=pending&limit=100").await;
+    assert_eq!(ids(&pending["events"]).len(), 5);
+    let resp = server
+        .http
+        .get(server.url("/v1/events?status=sleeping"))
+        .send()
+        .await
+        .expect("request");
+    expect_problem(resp, 400).await;
+
+    // Stats.
+    let stats = server.get_json("/v1/stats").await;
+    let topic = |name: &str| {
+        stats["topics"]
+            .as_array()
+            .expect("topics")
+            .iter()
+            .find(|t| t["topic"] == name)
+            .unwrap_or_else(|| panic!("{name} in {stats}"))
+            .clone()
+    };
+    let work = topic("work");
+    assert_eq!(work["counts"]["done"], 2, "{work}");
+    assert_eq!(work["counts"]["dead"], 1, "{work}");
+    assert_eq!(work["counts"]["pending"], 0, "{work}");
+    assert_eq!(work["handler"], "built-in");
+    assert!(server.engine.has_handler("work") && !server.engine.has_handler("parked"));
+    let parked_stats = topic("parked");
+    assert_eq!(parked_stats["counts"]["pending"], 5, "{parked_stats}");
+    assert_eq!(parked_stats["handler"], "pull");
+    assert!(parked_stats["oldest_pending_age_seconds"].is_number());
+
+    for path in ["/healthz", "/readyz"] {
+        let resp = server.http.get(server.url(path)).send().await.expect("get");
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    server.stop().await;
+}
+
+/// With an API token configured, `/v1/*` answers 401 without it or with a
+/// wrong one and 200 with it, while webhooks and health need no token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_token_guards_v1_but_not_webhooks() {
+    let server = start_with(
+        Db::fresh().await,
+        "127.0.0.1:0",
+        ServerOptions {
+            api_tokens: vec!["t".into()],
+            ..ServerOptions::default()
+        },
+        |store| {
+            Engine::builder(store)
+                .topic(TopicSpec::new("inbox"))
+                .source(SourceSpec::new("inbox", "inbox"))
+        },
+    )
+    .await;
+
+    // Webhooks need no token.
+    let id = server.accept("inbox", "a-1", &json!({"x": 1})).await;
+
+    for path in ["/v1/events", &format!("/v1/events/{id}"), "/v1/stats"] {
+        let resp = server.http.get(server.url(path)).send().await.expect("get");
+        let www = resp
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        expect_problem(resp, 401).await;
+        assert_eq!(www.as_deref(), Some("Bearer"), "{path}");
+
+        for wrong in ["Bearer x", "Bearer tt", "Bearer ", "Basic dDp0", "t"] {
+            let resp = server
+                .http
+                .get(server.url(path))
+                .header("authorization", wrong)
+                .send()
+                .await
+                .expect("get");
+            expect_problem(resp, 401).await;
+        }
+        let resp = server
+            .http
+            .get(server.url(path))
+            .bearer_auth("t")
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 200, "{path} with the token");
+    }
+    let resp = server
+        .http
+        .post(server.url(&format!("/v1/events/{id}/replay")))
+        .send()
+        .await
+        .expect("post");
+    expect_problem(resp, 401).await;
+
+    for path in ["/healthz", "/readyz"] {
+        let resp = server.http.get(server.url(path)).send().await.expect("get");
+        assert_eq!(resp.status(), 200, "{path} needs no token");
+    }
+    server.stop().await;
+}
