@@ -12,12 +12,14 @@
 //! - [`mode`]: per-topic processing modes ([`Mode`]).
 //! - [`store`]: the [`Store`] trait every storage backend implements, and the
 //!   query/stats types it speaks.
+//! - [`cron`]: five-field UTC schedules for batch topics.
 //! - [`duration`]: the `"100ms" | "2s" | "5m" | "1h" | "7d"` format used in
 //!   configuration and on the command line.
 //!
 //! Everything that touches a disk, a socket or a clock lives in other crates;
 //! the one exception is [`Timestamp::now`]-style helpers being *passed in*.
 
+pub mod cron;
 pub mod duration;
 pub mod error;
 pub mod event;

@@ -49,9 +49,16 @@ pub struct EngineBuilder {
     maintenance_period: Duration,
     retention: Retention,
     accept_undeclared: bool,
+    clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl EngineBuilder {
+    /// The wall clock used for batch schedules (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Adds a topic.
     pub fn topic(mut self, spec: TopicSpec) -> Self {
         self.topics.push(spec);
@@ -154,6 +161,7 @@ impl EngineBuilder {
                 maintenance_period: self.maintenance_period,
                 retention: self.retention,
                 accept_undeclared: self.accept_undeclared,
+                clock: self.clock,
             }),
         })
     }
@@ -169,6 +177,7 @@ struct Inner {
     maintenance_period: Duration,
     retention: Retention,
     accept_undeclared: bool,
+    clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// The running heart of mailroom. See the crate docs for an example.
@@ -274,6 +283,7 @@ impl Engine {
                 dedup: Duration::from_secs(30 * 86400),
             },
             accept_undeclared: false,
+            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 
@@ -293,11 +303,12 @@ impl Engine {
         }
         for (i, t) in config.topics.iter().enumerate() {
             let spec = TopicSpec::from_config(t, i, config)?;
-            if matches!(spec.mode, mailroom_core::Mode::Batch(_)) {
-                return Err(config.invalid(
-                    format!("topic[{i}].mode"),
-                    "batch topics are not available in this build yet",
-                ));
+            if let mailroom_core::Mode::Batch(b) = &spec.mode
+                && let Some(s) = &b.schedule
+            {
+                mailroom_core::cron::Cron::parse(s).map_err(|e| {
+                    config.invalid(format!("topic[{i}].batch.schedule"), e.to_string())
+                })?;
             }
             if let Some(h) = &t.handler {
                 if let Some(handler) = crate::handler_config::build(h, &spec, i, config)? {
@@ -546,8 +557,17 @@ impl Engine {
             let Some(handler) = t.handler.clone() else {
                 continue;
             };
-            if matches!(t.spec.mode, mailroom_core::Mode::Batch(_)) {
-                tracing::error!(topic = %t.spec.name, "batch topics are not supported by this build; events stay pending");
+            if let mailroom_core::Mode::Batch(settings) = &t.spec.mode {
+                let l = crate::dispatch::batch::BatchLoop {
+                    store: self.inner.store.clone(),
+                    topic: t.clone(),
+                    settings: settings.clone(),
+                    handler,
+                    worker: self.inner.worker.clone(),
+                    poll: self.inner.poll,
+                    clock: self.inner.clock.clone(),
+                };
+                tasks.spawn(crate::dispatch::batch::run_batch_topic(l, shutdown.clone()));
                 continue;
             }
             tasks.spawn(run_topic(

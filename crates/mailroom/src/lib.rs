@@ -40,6 +40,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod clock;
 pub mod config;
 mod dispatch;
 mod engine;

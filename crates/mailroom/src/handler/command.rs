@@ -3,7 +3,7 @@
 //! Exit 0 is success, 65 (`EX_DATAERR`) a permanent failure, anything else a
 //! retry; the tail of stderr becomes the error text.
 
-use super::{Handler, tail};
+use super::{BatchOutcome, Handler, tail};
 use mailroom_core::{Event, Outcome};
 use std::process::Stdio;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,9 +31,9 @@ impl CommandHandler {
     }
 }
 
-#[async_trait::async_trait]
-impl Handler for CommandHandler {
-    async fn handle(&self, event: &Event) -> Outcome {
+impl CommandHandler {
+    /// Runs the program once with `stdin` and `env`; judges its exit.
+    async fn run(&self, stdin_bytes: bytes::Bytes, env: Vec<(&'static str, String)>) -> Outcome {
         let mut cmd = tokio::process::Command::new(&self.argv[0]);
         cmd.args(&self.argv[1..])
             .stdin(Stdio::piped())
@@ -41,34 +41,17 @@ impl Handler for CommandHandler {
             .stderr(Stdio::piped())
             // The attempt's timeout drops this future; the child must die with it.
             .kill_on_drop(true)
-            .env("MAILROOM_EVENT_ID", event.id.to_string())
-            .env("MAILROOM_TOPIC", &event.topic)
-            .env("MAILROOM_SOURCE", &event.source)
-            .env("MAILROOM_DEDUP_KEY", &event.dedup_key)
-            .env("MAILROOM_ATTEMPT", event.attempts.to_string())
-            .env("MAILROOM_RECEIVED_AT", event.received_at.to_string());
-        for (name, value) in [
-            ("MAILROOM_KEY", &event.key),
-            ("MAILROOM_TYPE", &event.event_type),
-            ("MAILROOM_CORRELATION_ID", &event.correlation_id),
-            ("MAILROOM_CAUSATION_ID", &event.causation_id),
-            ("MAILROOM_CONTENT_TYPE", &event.content_type),
-        ] {
-            if let Some(v) = value {
-                cmd.env(name, v);
-            }
-        }
+            .envs(env);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => return Outcome::retry(format!("cannot start {:?}: {e}", self.argv[0])),
         };
-        let payload = event.payload.clone().unwrap_or_default();
         let mut stdin = child.stdin.take();
         let mut stderr = child.stderr.take();
         let write = async move {
             if let Some(mut s) = stdin.take() {
                 // A program that exits without reading stdin is not a failure.
-                let _ = s.write_all(&payload).await;
+                let _ = s.write_all(&stdin_bytes).await;
             }
         };
         let read = async move {
@@ -109,5 +92,49 @@ impl Handler for CommandHandler {
                 }
             }
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for CommandHandler {
+    async fn handle(&self, event: &Event) -> Outcome {
+        let mut env = vec![
+            ("MAILROOM_EVENT_ID", event.id.to_string()),
+            ("MAILROOM_TOPIC", event.topic.clone()),
+            ("MAILROOM_SOURCE", event.source.clone()),
+            ("MAILROOM_DEDUP_KEY", event.dedup_key.clone()),
+            ("MAILROOM_ATTEMPT", event.attempts.to_string()),
+            ("MAILROOM_RECEIVED_AT", event.received_at.to_string()),
+        ];
+        for (name, value) in [
+            ("MAILROOM_KEY", &event.key),
+            ("MAILROOM_TYPE", &event.event_type),
+            ("MAILROOM_CORRELATION_ID", &event.correlation_id),
+            ("MAILROOM_CAUSATION_ID", &event.causation_id),
+            ("MAILROOM_CONTENT_TYPE", &event.content_type),
+        ] {
+            if let Some(v) = value {
+                env.push((name, v.clone()));
+            }
+        }
+        self.run(event.payload.clone().unwrap_or_default(), env)
+            .await
+    }
+
+    /// Batch topics: a JSON array of event objects on stdin; the exit code
+    /// applies to the whole batch.
+    async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
+        let array: Vec<serde_json::Value> = events.iter().map(|e| e.to_json(false)).collect();
+        let env = vec![
+            (
+                "MAILROOM_TOPIC",
+                events.first().map(|e| e.topic.clone()).unwrap_or_default(),
+            ),
+            ("MAILROOM_BATCH_SIZE", events.len().to_string()),
+        ];
+        BatchOutcome::All(
+            self.run(serde_json::to_vec(&array).unwrap_or_default().into(), env)
+                .await,
+        )
     }
 }

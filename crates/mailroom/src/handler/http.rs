@@ -6,7 +6,7 @@
 //! Any 2xx is success; 410 (or a configured status) is permanent; anything
 //! else is retried, at the time `Retry-After` asks for if present.
 
-use super::{Handler, tail};
+use super::{BatchOutcome, Handler, tail};
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use mailroom_core::{Event, Outcome};
@@ -94,71 +94,155 @@ pub fn standard_webhooks_signature(key: &[u8], id: &str, ts: i64, body: &[u8]) -
     )
 }
 
-#[async_trait::async_trait]
-impl Handler for HttpHandler {
-    async fn handle(&self, event: &Event) -> Outcome {
-        let body = event.payload.clone().unwrap_or_default();
-        let id = event.id.to_string();
+/// How an HTTP answer is judged.
+enum Answer {
+    Success(bytes::Bytes),
+    Failure(Outcome),
+}
+
+impl HttpHandler {
+    /// POSTs `body` signed with `webhook_id`, plus `extra` headers; judges the
+    /// answer: any 2xx is success, `permanent_statuses` are permanent, else a
+    /// retry at `Retry-After` if given.
+    async fn post(
+        &self,
+        webhook_id: &str,
+        content_type: &str,
+        body: bytes::Bytes,
+        extra: Vec<(&'static str, String)>,
+    ) -> Answer {
         let ts = jiff::Timestamp::now().as_second();
         let mut req = self
             .client
             .post(self.settings.url.clone())
             .headers(self.extra.clone())
-            .header("webhook-id", &id)
+            .header("webhook-id", webhook_id)
             .header("webhook-timestamp", ts.to_string())
-            .header("mailroom-topic", &event.topic)
-            .header("mailroom-attempt", event.attempts.to_string())
-            .header("mailroom-source", &event.source)
-            .header("mailroom-dedup-key", &event.dedup_key)
-            .header(
-                "content-type",
-                event
-                    .content_type
-                    .as_deref()
-                    .unwrap_or("application/octet-stream"),
-            );
+            .header("content-type", content_type);
         if let Some(key) = &self.settings.secret {
             req = req.header(
                 "webhook-signature",
-                standard_webhooks_signature(key, &id, ts, &body),
+                standard_webhooks_signature(key, webhook_id, ts, &body),
             );
         }
-        if let Some(k) = &event.key {
-            req = req.header("mailroom-key", k);
-        }
-        if let Some(c) = &event.correlation_id {
-            req = req.header("mailroom-correlation-id", c);
-        }
-        if let Some(t) = &event.event_type {
-            req = req.header("mailroom-type", t);
+        for (name, value) in extra {
+            req = req.header(name, value);
         }
         let resp = match req.body(body).send().await {
             Ok(r) => r,
             Err(e) => {
-                return Outcome::retry(format!(
+                return Answer::Failure(Outcome::retry(format!(
                     "request to {} failed: {}",
                     self.settings.url,
                     error_chain(&e)
-                ));
+                )));
             }
         };
         let status = resp.status();
-        if status.is_success() {
-            return Outcome::Success;
-        }
         let retry_after = resp
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let text = resp.text().await.unwrap_or_default();
-        let error = format!("HTTP {}: {}", status.as_u16(), tail(&text, 512));
-        if self.settings.permanent_statuses.contains(&status.as_u16()) {
-            Outcome::Permanent { error }
-        } else {
-            Outcome::Retry {
-                error,
-                after: retry_after,
+        // Bounded read of the answer: it only feeds error text and batch verdicts.
+        let text = read_limited(resp, 64 * 1024).await;
+        if status.is_success() {
+            return Answer::Success(text);
+        }
+        let error = format!(
+            "HTTP {}: {}",
+            status.as_u16(),
+            tail(&String::from_utf8_lossy(&text), 512)
+        );
+        Answer::Failure(
+            if self.settings.permanent_statuses.contains(&status.as_u16()) {
+                Outcome::Permanent { error }
+            } else {
+                Outcome::Retry {
+                    error,
+                    after: retry_after,
+                }
+            },
+        )
+    }
+}
+
+async fn read_limited(mut resp: reqwest::Response, max: usize) -> bytes::Bytes {
+    let mut buf = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = max.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if buf.len() >= max {
+            break;
+        }
+    }
+    buf.into()
+}
+
+#[async_trait::async_trait]
+impl Handler for HttpHandler {
+    async fn handle(&self, event: &Event) -> Outcome {
+        let mut extra = vec![
+            ("mailroom-topic", event.topic.clone()),
+            ("mailroom-attempt", event.attempts.to_string()),
+            ("mailroom-source", event.source.clone()),
+            ("mailroom-dedup-key", event.dedup_key.clone()),
+        ];
+        for (name, value) in [
+            ("mailroom-key", &event.key),
+            ("mailroom-correlation-id", &event.correlation_id),
+            ("mailroom-type", &event.event_type),
+        ] {
+            if let Some(v) = value {
+                extra.push((name, v.clone()));
+            }
+        }
+        let content_type = event
+            .content_type
+            .as_deref()
+            .unwrap_or("application/octet-stream");
+        let body = event.payload.clone().unwrap_or_default();
+        match self
+            .post(&event.id.to_string(), content_type, body, extra)
+            .await
+        {
+            Answer::Success(_) => Outcome::Success,
+            Answer::Failure(o) => o,
+        }
+    }
+
+    /// Batch topics (SPEC §5): POST a JSON array of event objects. A 2xx
+    /// answer `{"failed": ["<event id>", ...]}` fails only those events.
+    async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
+        let array: Vec<serde_json::Value> = events.iter().map(|e| e.to_json(false)).collect();
+        let body = serde_json::to_vec(&array).unwrap_or_default();
+        let Some(first) = events.first() else {
+            return BatchOutcome::All(Outcome::Success);
+        };
+        let extra = vec![
+            ("mailroom-topic", first.topic.clone()),
+            ("mailroom-batch-size", events.len().to_string()),
+        ];
+        // One delivery id per batch, so receivers can deduplicate deliveries.
+        let delivery = mailroom_core::EventId::new().to_string();
+        match self
+            .post(&delivery, "application/json", body.into(), extra)
+            .await
+        {
+            Answer::Failure(o) => BatchOutcome::All(o),
+            Answer::Success(answer) => {
+                let failed: Vec<String> = serde_json::from_slice::<serde_json::Value>(&answer)
+                    .ok()
+                    .and_then(|v| v.get("failed").cloned())
+                    .and_then(|f| serde_json::from_value(f).ok())
+                    .unwrap_or_default();
+                BatchOutcome::Each(
+                    events
+                        .iter()
+                        .filter(|e| failed.contains(&e.id.to_string()))
+                        .map(|e| (e.id, Outcome::retry("reported failed by the batch handler")))
+                        .collect(),
+                )
             }
         }
     }

@@ -9,16 +9,56 @@
 pub mod command;
 pub mod http;
 
-use mailroom_core::{Event, Outcome};
+use mailroom_core::{Event, EventId, Outcome};
 use std::future::Future;
 use std::sync::Arc;
 
-/// Processes one event per call. Implementations must be cancel-safe: when an
-/// attempt exceeds its topic's timeout the future is dropped.
+/// Processes events. Implementations must be cancel-safe: when an attempt
+/// exceeds its topic's timeout the future is dropped.
 #[async_trait::async_trait]
 pub trait Handler: Send + Sync + std::fmt::Debug + 'static {
     /// Handles one attempt of `event` (`event.attempts` is this attempt's number).
     async fn handle(&self, event: &Event) -> Outcome;
+
+    /// Handles a batch (batch topics). The default hands the events to
+    /// [`handle`](Handler::handle) one after another and reports each verdict.
+    async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
+        let mut verdicts = Vec::with_capacity(events.len());
+        for e in events {
+            verdicts.push((e.id, self.handle(e).await));
+        }
+        BatchOutcome::Each(verdicts)
+    }
+}
+
+/// A handler's verdict on a batch. Each event keeps its own attempt history;
+/// its verdict is resolved against its own attempt budget.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchOutcome {
+    /// One verdict for every event of the batch.
+    All(Outcome),
+    /// Per-event verdicts; events not listed succeeded.
+    Each(Vec<(EventId, Outcome)>),
+}
+
+impl BatchOutcome {
+    /// The verdict for one event of the batch.
+    pub fn for_event(&self, id: EventId) -> Outcome {
+        match self {
+            BatchOutcome::All(o) => o.clone(),
+            BatchOutcome::Each(list) => list
+                .iter()
+                .find(|(e, _)| *e == id)
+                .map(|(_, o)| o.clone())
+                .unwrap_or(Outcome::Success),
+        }
+    }
+}
+
+impl<T: Into<Outcome>> From<T> for BatchOutcome {
+    fn from(o: T) -> Self {
+        BatchOutcome::All(o.into())
+    }
 }
 
 /// A shared handler.
@@ -45,6 +85,59 @@ where
     O: Into<Outcome> + 'static,
 {
     Arc::new(FnHandler(f))
+}
+
+/// Wraps an async closure over a whole batch as a [`Handler`] for batch
+/// topics. It returns anything convertible into a [`BatchOutcome`]: one
+/// verdict for all (`Outcome`, `Result<(), E>`), or per-event verdicts.
+///
+/// ```
+/// use mailroom::handler::{BatchOutcome, batch_handler_fn};
+/// use mailroom::{Event, Outcome};
+///
+/// let h = batch_handler_fn(|events: Vec<Event>| async move {
+///     // Fail only the events whose payload is empty.
+///     let failed = events
+///         .iter()
+///         .filter(|e| e.payload.as_ref().is_none_or(|p| p.is_empty()))
+///         .map(|e| (e.id, Outcome::retry("empty payload")))
+///         .collect();
+///     BatchOutcome::Each(failed)
+/// });
+/// # let _ = h;
+/// ```
+pub fn batch_handler_fn<F, Fut, O>(f: F) -> SharedHandler
+where
+    F: Fn(Vec<Event>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = O> + Send + 'static,
+    O: Into<BatchOutcome> + 'static,
+{
+    Arc::new(BatchFnHandler(f))
+}
+
+struct BatchFnHandler<F>(F);
+
+impl<F> std::fmt::Debug for BatchFnHandler<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BatchFnHandler")
+    }
+}
+
+#[async_trait::async_trait]
+impl<F, Fut, O> Handler for BatchFnHandler<F>
+where
+    F: Fn(Vec<Event>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = O> + Send + 'static,
+    O: Into<BatchOutcome> + 'static,
+{
+    async fn handle(&self, event: &Event) -> Outcome {
+        let id = event.id;
+        (self.0)(vec![event.clone()]).await.into().for_event(id)
+    }
+
+    async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
+        (self.0)(events.to_vec()).await.into()
+    }
 }
 
 struct FnHandler<F>(F);

@@ -8,6 +8,8 @@
 //! next due time the store reports, or the polling fallback (`poll`, 1 s by
 //! default — it catches writes made by other processes, such as a CLI replay).
 
+pub(crate) mod batch;
+
 use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
 use futures::FutureExt;
@@ -167,24 +169,7 @@ async fn run_attempt(
         let elapsed = started.elapsed();
         let spread = rand::random::<f64>() * 2.0 - 1.0;
         let completion = outcome.resolve(event.attempts, event.max_attempts, &topic.spec.retry, spread);
-        let label = match &completion {
-            mailroom_core::Completion::Done => "done",
-            mailroom_core::Completion::Retry { .. } => "retry",
-            mailroom_core::Completion::Dead { .. } => "dead",
-        };
-        metrics::counter!("mailroom_events_processed_total", "topic" => event.topic.clone(), "outcome" => label)
-            .increment(1);
-        metrics::histogram!("mailroom_processing_duration_seconds", "topic" => event.topic.clone())
-            .record(elapsed.as_secs_f64());
-        match &completion {
-            mailroom_core::Completion::Done => debug!(elapsed_ms = elapsed.as_millis() as u64, "done"),
-            mailroom_core::Completion::Retry { delay, error } => {
-                warn!(error = %error, retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");
-            }
-            mailroom_core::Completion::Dead { error } => {
-                error!(error = %error, "event is dead: operator action needed (replay or skip)");
-            }
-        }
+        record_outcome(event, &completion, elapsed);
         match store.complete(event.id, c.token, completion).await {
             Ok(()) => {}
             Err(StoreError::StaleToken) => {
@@ -199,6 +184,33 @@ async fn run_attempt(
     }
     .instrument(span)
     .await;
+}
+
+/// Counts, times and logs an attempt's outcome (inside the attempt's span).
+pub(crate) fn record_outcome(
+    event: &mailroom_core::Event,
+    completion: &mailroom_core::Completion,
+    elapsed: Duration,
+) {
+    let label = match completion {
+        mailroom_core::Completion::Done => "done",
+        mailroom_core::Completion::Retry { .. } => "retry",
+        mailroom_core::Completion::Dead { .. } => "dead",
+    };
+    metrics::counter!("mailroom_events_processed_total", "topic" => event.topic.clone(), "outcome" => label).increment(1);
+    metrics::histogram!("mailroom_processing_duration_seconds", "topic" => event.topic.clone())
+        .record(elapsed.as_secs_f64());
+    match completion {
+        mailroom_core::Completion::Done => {
+            debug!(event_id = %event.id, elapsed_ms = elapsed.as_millis() as u64, "done")
+        }
+        mailroom_core::Completion::Retry { delay, error } => {
+            warn!(event_id = %event.id, topic = %event.topic, error = %error, retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");
+        }
+        mailroom_core::Completion::Dead { error } => {
+            error!(event_id = %event.id, topic = %event.topic, error = %error, "event is dead: operator action needed (replay or skip)");
+        }
+    }
 }
 
 /// Lease rescue on a short period; retention less often.
