@@ -1,0 +1,606 @@
+//! `ingest`: `POST /webhooks/bench` over real HTTP/1.1 keep-alive
+//! connections, once with group commit on and once with one commit per
+//! request, against a child mailroom process each time.
+
+use crate::procfs;
+use crate::stats::{Latencies, fmt_ms};
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use mailroom::Engine;
+use mailroom_sqlite::{SqliteOptions, SqliteStore};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+/// The webhook source (and so the topic) every request goes to.
+const SOURCE: &str = "bench";
+
+/// How the load is run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub concurrency: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub body_size: usize,
+    /// Skip HTTP: call the engine's webhook intake in this process
+    /// (experiment: separates HTTP from store costs).
+    pub direct: bool,
+    /// Run the child without the Prometheus recorder (experiment).
+    pub no_metrics: bool,
+}
+
+/// One mode's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModeResult {
+    pub mode: &'static str,
+    pub group_commit: bool,
+    /// Acks (200, `"duplicate": false`) over the whole run, warm-up included.
+    pub acked_total: u64,
+    /// Acks completed inside the measured window.
+    pub acked: u64,
+    pub window_secs: f64,
+    pub acks_per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub duplicates: u64,
+    pub errors: BTreeMap<String, u64>,
+    /// Events found in the store after mailroom stopped.
+    pub stored: u64,
+    /// SQLite write transactions over the whole run.
+    pub commits: u64,
+    /// Highest VmRSS sampled every 100 ms, MiB.
+    pub peak_rss_mib: f64,
+    /// VmHWM at the end, MiB.
+    pub hwm_mib: f64,
+    /// Share of one core per mailroom thread name over the window.
+    pub mailroom_cpu: BTreeMap<String, f64>,
+    /// Share of one core used by the load generator over the window.
+    pub loadgen_cpu: f64,
+}
+
+impl ModeResult {
+    pub fn durable(&self) -> bool {
+        self.stored == self.acked_total
+    }
+}
+
+pub async fn run(s: &Settings, only: Option<bool>) -> anyhow::Result<Vec<ModeResult>> {
+    let mut out = Vec::new();
+    for group_commit in [true, false] {
+        if only.is_some_and(|o| o != group_commit) {
+            continue;
+        }
+        let r = if s.direct {
+            run_direct(s, group_commit).await?
+        } else {
+            run_http(s, group_commit).await?
+        };
+        out.push(r);
+    }
+    Ok(out)
+}
+
+fn mode_name(group_commit: bool) -> &'static str {
+    if group_commit {
+        "group-commit"
+    } else {
+        "commit-per-request"
+    }
+}
+
+/// A JSON body of exactly `size` bytes (or the smallest valid one).
+pub fn body(size: usize) -> Bytes {
+    let head = r#"{"type":"bench.event","data":""#;
+    let tail = r#""}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut s = String::with_capacity(size.max(head.len() + tail.len()));
+    s.push_str(head);
+    s.extend(std::iter::repeat_n('x', pad));
+    s.push_str(tail);
+    Bytes::from(s)
+}
+
+/// What one load task saw.
+#[derive(Debug, Default)]
+struct TaskStats {
+    lat: Latencies,
+    acked_total: u64,
+    acked: u64,
+    duplicates: u64,
+    errors: BTreeMap<String, u64>,
+}
+
+impl TaskStats {
+    fn merge(&mut self, o: TaskStats) {
+        self.lat.extend(o.lat);
+        self.acked_total += o.acked_total;
+        self.acked += o.acked;
+        self.duplicates += o.duplicates;
+        for (k, v) in o.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+    }
+
+    fn error(&mut self, what: impl Into<String>) {
+        *self.errors.entry(what.into()).or_default() += 1;
+    }
+}
+
+/// The clock of a run.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    from: Instant,
+    to: Instant,
+}
+
+impl Window {
+    fn new(warmup: Duration, duration: Duration) -> Self {
+        let from = Instant::now() + warmup;
+        Self {
+            from,
+            to: from + duration,
+        }
+    }
+
+    fn contains(&self, start: Instant, end: Instant) -> bool {
+        start >= self.from && end <= self.to
+    }
+}
+
+#[derive(Deserialize)]
+struct Ack {
+    duplicate: bool,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        // Ends when the sender is dropped or the server closes.
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// One keep-alive connection sending requests back to back.
+async fn http_task(addr: SocketAddr, tag: String, payload: Bytes, window: Window) -> TaskStats {
+    let mut st = TaskStats::default();
+    let host = addr.to_string();
+    let uri = format!("/webhooks/{SOURCE}");
+    let mut sender: Option<Sender> = None;
+    let mut n: u64 = 0;
+    while Instant::now() < window.to {
+        let s = match &mut sender {
+            Some(s) => s,
+            None => match connect(addr).await {
+                Ok(s) => sender.insert(s),
+                Err(e) => {
+                    st.error(format!("connect: {e}"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        n += 1;
+        let req = http::Request::post(&uri)
+            .header(http::header::HOST, &host)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("webhook-id", format!("{tag}-{n}"))
+            .body(Full::new(payload.clone()));
+        let req = match req {
+            Ok(r) => r,
+            Err(e) => {
+                st.error(format!("request: {e}"));
+                break;
+            }
+        };
+        let started = Instant::now();
+        let answer = async {
+            s.ready().await?;
+            let resp = s.send_request(req).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            anyhow::Ok((status, body))
+        }
+        .await;
+        let ended = Instant::now();
+        match answer {
+            Ok((status, body)) if status == http::StatusCode::OK => {
+                match serde_json::from_slice::<Ack>(&body) {
+                    Ok(Ack { duplicate: false }) => {
+                        st.acked_total += 1;
+                        if window.contains(started, ended) {
+                            st.acked += 1;
+                            st.lat.record(ended - started);
+                        }
+                    }
+                    Ok(Ack { duplicate: true }) => st.duplicates += 1,
+                    Err(_) => st.error("200 with an unexpected body"),
+                }
+            }
+            Ok((status, _)) => st.error(format!("HTTP {}", status.as_u16())),
+            Err(e) => {
+                st.error(format!("transport: {e}"));
+                sender = None;
+            }
+        }
+    }
+    st
+}
+
+/// CPU readings at the window's edges.
+struct CpuProbe {
+    pid: String,
+    before: BTreeMap<String, Duration>,
+    self_before: Option<Duration>,
+}
+
+impl CpuProbe {
+    async fn at_window_start(pid: String, window: Window) -> Self {
+        tokio::time::sleep_until(window.from.into()).await;
+        Self {
+            before: procfs::threads_cpu(&pid),
+            self_before: procfs::process_cpu("self"),
+            pid,
+        }
+    }
+
+    /// (mailroom's threads, the load generator); `direct` means both are
+    /// this process, so the load generator's share is not separable.
+    async fn at_window_end(self, window: Window) -> (BTreeMap<String, f64>, f64) {
+        tokio::time::sleep_until(window.to.into()).await;
+        let span = window.to - window.from;
+        let after = procfs::threads_cpu(&self.pid);
+        let threads = procfs::cpu_share(&self.before, &after, span);
+        let me = match (self.self_before, procfs::process_cpu("self")) {
+            (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64() / span.as_secs_f64(),
+            _ => f64::NAN,
+        };
+        (threads, me)
+    }
+}
+
+async fn run_http(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let db = dir.path().join("mailroom.db");
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("__serve")
+        .arg("--db")
+        .arg(&db)
+        .args(["--listen", "127.0.0.1:0"])
+        .args([
+            "--group-commit",
+            if group_commit { "true" } else { "false" },
+        ]);
+    if s.no_metrics {
+        cmd.arg("--no-metrics");
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the mailroom child process")?;
+    let pid = child.id().context("child pid")?.to_string();
+    let stdout = child.stdout.take().context("child stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .context("the child did not start listening within 60 s")??
+        .context("the child exited before listening")?;
+    let addr: SocketAddr = first
+        .strip_prefix("LISTENING ")
+        .with_context(|| format!("unexpected child output {first:?}"))?
+        .parse()?;
+
+    let stop_rss = CancellationToken::new();
+    let rss = tokio::spawn(procfs::sample_rss(pid.clone(), stop_rss.clone()));
+
+    let window = Window::new(s.warmup, s.duration);
+    let payload = body(s.body_size);
+    let tag = mode_name(group_commit);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..s.concurrency {
+        tasks.spawn(http_task(
+            addr,
+            format!("{tag}-{i}"),
+            payload.clone(),
+            window,
+        ));
+    }
+    let probe = CpuProbe::at_window_start(pid.clone(), window).await;
+    let (mailroom_cpu, loadgen_cpu) = probe.at_window_end(window).await;
+    let mut total = TaskStats::default();
+    while let Some(t) = tasks.join_next().await {
+        total.merge(t?);
+    }
+    stop_rss.cancel();
+    let peak = rss.await?;
+    let hwm = procfs::status_bytes(&pid, "VmHWM").unwrap_or(0);
+
+    // Stop mailroom gracefully and collect its commit count.
+    drop(child.stdin.take());
+    let mut commits = 0;
+    while let Some(line) = lines.next_line().await? {
+        if let Some(n) = line.strip_prefix("COMMITS ") {
+            commits = n.trim().parse()?;
+        }
+    }
+    let status = child.wait().await?;
+    if !status.success() {
+        bail!("the mailroom child exited with {status}");
+    }
+
+    let stored = count_stored(&db).await?;
+    Ok(finish(
+        s,
+        group_commit,
+        total,
+        stored,
+        commits,
+        peak.sampled_max,
+        hwm,
+        mailroom_cpu,
+        loadgen_cpu,
+    ))
+}
+
+/// In-process intake without HTTP: the same engine path
+/// (`ingest_webhook`: source resolution, envelope, insert), no sockets.
+async fn run_direct(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let db = dir.path().join("mailroom.db");
+    let mut opts = SqliteOptions::new(&db);
+    opts.group_commit = group_commit;
+    let sqlite = SqliteStore::open(opts)?;
+    let store: Arc<dyn mailroom::Store> = Arc::new(sqlite.clone());
+    store.migrate().await?;
+    let engine = Engine::builder(store)
+        .accept_undeclared_sources(true)
+        .build()?;
+
+    let stop_rss = CancellationToken::new();
+    let rss = tokio::spawn(procfs::sample_rss("self".into(), stop_rss.clone()));
+    let window = Window::new(s.warmup, s.duration);
+    let payload = body(s.body_size);
+    let tag = mode_name(group_commit);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..s.concurrency {
+        let engine = engine.clone();
+        let payload = payload.clone();
+        let tag = format!("direct-{tag}-{i}");
+        tasks.spawn(async move {
+            let mut st = TaskStats::default();
+            let mut n = 0u64;
+            while Instant::now() < window.to {
+                n += 1;
+                let mut headers = http::HeaderMap::new();
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                match http::HeaderValue::try_from(format!("{tag}-{n}")) {
+                    Ok(v) => {
+                        headers.insert("webhook-id", v);
+                    }
+                    Err(e) => {
+                        st.error(format!("header: {e}"));
+                        break;
+                    }
+                }
+                let started = Instant::now();
+                let r = engine
+                    .ingest_webhook(SOURCE, &headers, payload.clone())
+                    .await;
+                let ended = Instant::now();
+                match r {
+                    Ok(i) if !i.duplicate => {
+                        st.acked_total += 1;
+                        if window.contains(started, ended) {
+                            st.acked += 1;
+                            st.lat.record(ended - started);
+                        }
+                    }
+                    Ok(_) => st.duplicates += 1,
+                    Err(e) => st.error(e.to_string()),
+                }
+            }
+            st
+        });
+    }
+    let probe = CpuProbe::at_window_start("self".into(), window).await;
+    let (cpu, _) = probe.at_window_end(window).await;
+    let mut total = TaskStats::default();
+    while let Some(t) = tasks.join_next().await {
+        total.merge(t?);
+    }
+    stop_rss.cancel();
+    let peak = rss.await?;
+    let hwm = procfs::status_bytes("self", "VmHWM").unwrap_or(0);
+    let commits = sqlite.commits();
+    drop(engine);
+    drop(sqlite);
+    let stored = count_stored(&db).await?;
+    Ok(finish(
+        s,
+        group_commit,
+        total,
+        stored,
+        commits,
+        peak.sampled_max,
+        hwm,
+        cpu,
+        f64::NAN,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    s: &Settings,
+    group_commit: bool,
+    mut total: TaskStats,
+    stored: u64,
+    commits: u64,
+    peak_rss: u64,
+    hwm: u64,
+    mailroom_cpu: BTreeMap<String, f64>,
+    loadgen_cpu: f64,
+) -> ModeResult {
+    let window_secs = s.duration.as_secs_f64();
+    total.lat.sort();
+    ModeResult {
+        mode: mode_name(group_commit),
+        group_commit,
+        acked_total: total.acked_total,
+        acked: total.acked,
+        window_secs,
+        acks_per_sec: total.acked as f64 / window_secs,
+        p50_ms: total.lat.quantile_ms(0.50),
+        p99_ms: total.lat.quantile_ms(0.99),
+        max_ms: total.lat.quantile_ms(1.0),
+        duplicates: total.duplicates,
+        errors: total.errors,
+        stored,
+        commits,
+        peak_rss_mib: procfs::mib(peak_rss),
+        hwm_mib: procfs::mib(hwm),
+        mailroom_cpu,
+        loadgen_cpu,
+    }
+}
+
+/// Events stored for the bench topic, read from the file after mailroom stopped.
+async fn count_stored(db: &Path) -> anyhow::Result<u64> {
+    let store = SqliteStore::open(SqliteOptions::new(db)).context("reopening the store")?;
+    let stats = mailroom::Store::stats(&store).await?;
+    Ok(stats
+        .iter()
+        .filter(|t| t.topic == SOURCE)
+        .flat_map(|t| t.counts.values())
+        .sum())
+}
+
+/// The human-readable report.
+pub fn print_table(s: &Settings, results: &[ModeResult]) {
+    println!(
+        "ingest: {} over {}, concurrency {}, body {} B, window {:.0} s after {:.0} s warm-up",
+        if s.direct {
+            "engine.ingest_webhook in-process (no HTTP)"
+        } else {
+            "POST /webhooks/bench, HTTP/1.1 keep-alive"
+        },
+        if s.no_metrics {
+            "no metrics recorder"
+        } else {
+            "Prometheus recorder on"
+        },
+        s.concurrency,
+        s.body_size,
+        s.duration.as_secs_f64(),
+        s.warmup.as_secs_f64(),
+    );
+    println!(
+        "{:<19} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} {:>9}",
+        "mode",
+        "acked",
+        "acks/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "peak RSS",
+        "HWM MiB",
+        "commits",
+        "acks/c",
+        "stored"
+    );
+    for r in results {
+        println!(
+            "{:<19} {:>9} {:>9.0} {:>8} {:>8} {:>8} {:>9.1} {:>8.1} {:>8} {:>6.1} {:>9}",
+            r.mode,
+            r.acked,
+            r.acks_per_sec,
+            fmt_ms(r.p50_ms),
+            fmt_ms(r.p99_ms),
+            fmt_ms(r.max_ms),
+            r.peak_rss_mib,
+            r.hwm_mib,
+            r.commits,
+            r.acked_total as f64 / r.commits.max(1) as f64,
+            r.stored,
+        );
+    }
+    for r in results {
+        let cpu: Vec<String> = r
+            .mailroom_cpu
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
+            .collect();
+        let total: f64 = r.mailroom_cpu.values().sum();
+        if s.direct {
+            println!(
+                "  cpu {:<19} whole process {:.0}% [{}]",
+                r.mode,
+                total * 100.0,
+                cpu.join(", ")
+            );
+        } else {
+            println!(
+                "  cpu {:<19} mailroom {:.0}% [{}]; load generator {:.0}%",
+                r.mode,
+                total * 100.0,
+                cpu.join(", "),
+                r.loadgen_cpu * 100.0
+            );
+        }
+        if r.duplicates > 0 || !r.errors.is_empty() {
+            println!(
+                "  {}: duplicates {}, errors {:?}",
+                r.mode, r.duplicates, r.errors
+            );
+        }
+        println!(
+            "  {}: durability {} ({} acked in total, {} stored)",
+            r.mode,
+            if r.durable() { "OK" } else { "MISMATCH" },
+            r.acked_total,
+            r.stored
+        );
+    }
+    if let Some(ratio) = ratio(results) {
+        println!("ratio group-commit / commit-per-request: {ratio:.2}x");
+    }
+}
+
+/// acks/s with group commit over acks/s with one commit per request.
+pub fn ratio(results: &[ModeResult]) -> Option<f64> {
+    let on = results.iter().find(|r| r.group_commit)?;
+    let off = results.iter().find(|r| !r.group_commit)?;
+    (off.acks_per_sec > 0.0).then(|| on.acks_per_sec / off.acks_per_sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_have_the_asked_size_and_are_json() {
+        let b = body(256);
+        assert_eq!(b.len(), 256);
+        assert!(serde_json::from_slice::<serde_json::Value>(&b).is_ok());
+        assert!(serde_json::from_slice::<serde_json::Value>(&body(1)).is_ok());
+    }
+}

@@ -1,0 +1,83 @@
+//! The hidden `__serve` subcommand: mailroom as `mailroom serve` runs it with
+//! default settings (SQLite store migrated at start, undeclared sources
+//! accepted on loopback, Prometheus recorder installed), in a child process
+//! so its memory and CPU are measured apart from the load generator.
+//!
+//! Protocol with the parent: prints `LISTENING <addr>` once serving; stops
+//! gracefully when its stdin closes; then prints `COMMITS <n>` (write
+//! transactions of the SQLite writer) before exiting.
+
+use anyhow::Context;
+use mailroom::Engine;
+use mailroom_server::{ServerOptions, router, serve};
+use mailroom_sqlite::{SqliteOptions, SqliteStore};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+
+pub async fn run(db: &Path, listen: &str, group_commit: bool, metrics: bool) -> anyhow::Result<()> {
+    let mut opts = SqliteOptions::new(db);
+    opts.group_commit = group_commit;
+    let sqlite = SqliteStore::open(opts).context("opening the SQLite store")?;
+    let store: Arc<dyn mailroom::Store> = Arc::new(sqlite.clone());
+    store.migrate().await.context("migrating")?;
+
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+
+    let mut options = ServerOptions::default();
+    let shutdown = CancellationToken::new();
+    if metrics {
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .context("installing the Prometheus recorder")?;
+        let upkeep = handle.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(5)) => upkeep.run_upkeep(),
+                    () = stop.cancelled() => break,
+                }
+            }
+        });
+        options.metrics = Some(Arc::new(move || handle.render()));
+    }
+
+    let engine = Engine::builder(store)
+        .accept_undeclared_sources(addr.ip().is_loopback())
+        .build()?;
+    let app = router(engine.clone(), options);
+
+    let engine_task = {
+        let engine = engine.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { engine.run(shutdown).await })
+    };
+    let server = tokio::spawn(serve(listener, app, shutdown.clone()));
+
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "LISTENING {addr}")?;
+        out.flush()?;
+    }
+
+    // Stop when the parent closes our stdin (or goes away).
+    let mut stdin = tokio::io::stdin();
+    let mut sink = [0u8; 64];
+    while stdin.read(&mut sink).await.unwrap_or(0) > 0 {}
+    shutdown.cancel();
+    server.await?.context("serving")?;
+    engine_task.await?;
+    drop(engine);
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "COMMITS {}", sqlite.commits())?;
+    out.flush()?;
+    Ok(())
+}
