@@ -38,6 +38,7 @@ pub enum Command {
     Status,
     /// List or show events.
     Events {
+        /// `list` or `show`.
         #[command(subcommand)]
         command: EventsCommand,
     },
@@ -70,6 +71,7 @@ pub enum Command {
     Migrate,
     /// Configuration tools.
     Config {
+        /// `check`.
         #[command(subcommand)]
         command: ConfigCommand,
     },
