@@ -20,10 +20,20 @@ pub async fn open_store(url: &str, group_commit: bool) -> Result<Arc<dyn Store>,
         ));
     }
     if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let _ = group_commit;
-        return Err(StoreError::Invalid(
-            "PostgreSQL stores are not available in this build yet; use sqlite://".into(),
-        ));
+        #[cfg(feature = "postgres")]
+        {
+            let mut opts = mailroom_postgres::PostgresOptions::from_url(url)?;
+            opts.group_commit = group_commit;
+            let store = mailroom_postgres::PostgresStore::connect(opts).await?;
+            return Ok(Arc::new(store));
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = group_commit;
+            return Err(StoreError::Invalid(
+                "this build has no PostgreSQL support (enable the `postgres` feature)".into(),
+            ));
+        }
     }
     Err(StoreError::Invalid(format!(
         "unsupported store URL {url:?}: expected sqlite://FILE or postgres://..."

@@ -1,0 +1,40 @@
+//! # mailroom-postgres
+//!
+//! mailroom's scale-out backend: the [`Store`](mailroom_core::Store) trait
+//! over one PostgreSQL database that any number of mailroom instances share
+//! (SPEC §11).
+//!
+//! - [`PostgresStore`] (`store`): a connection pool and the trait. Every
+//!   time that matters (leases, due times, `received_at`) is computed by
+//!   PostgreSQL's clock; callers pass durations (SPEC §2.3).
+//! - `writer`: group commit for inserts. Concurrent inserts queue up and go
+//!   to the database as one multi-row `INSERT ... ON CONFLICT DO NOTHING` in
+//!   one transaction with one commit; callers are answered after it.
+//! - `sql`: the SQL of every operation, including the race-free per-key
+//!   claim of sequential topics. `schema`: versioned migrations applied under
+//!   a transaction-scoped advisory lock, including the outbox SQL function
+//!   `mailroom.enqueue(...)`.
+//! - [`outbox`]: [`outbox::enqueue`], the Rust face of that function, for
+//!   an application's own transaction (SPEC §6).
+//! - `listen`: `LISTEN mailroom_events`, re-broadcast to
+//!   [`PostgresStore::subscribe`] receivers so idle dispatchers wake up.
+//! - [`PostgresOptions`]: pool size, group commit, queue bounds, from a
+//!   `postgres://` URL.
+//!
+//! Durability: connections run with `synchronous_commit = on`, so a method
+//! that returns `Ok` has been flushed to the WAL (SPEC §2.1).
+
+mod listen;
+mod options;
+pub mod outbox;
+mod schema;
+mod sql;
+mod store;
+mod writer;
+
+pub use listen::ANY_TOPIC;
+pub use options::PostgresOptions;
+pub use store::PostgresStore;
+
+/// The channel `mailroom.enqueue` and every insert notify, with the topic as payload.
+pub const NOTIFY_CHANNEL: &str = "mailroom_events";

@@ -1,0 +1,116 @@
+//! How to connect: [`PostgresOptions`], built in code or from a `postgres://` URL.
+
+use mailroom_core::StoreError;
+use sqlx::postgres::PgConnectOptions;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Settings of a [`PostgresStore`](crate::PostgresStore).
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// Where the database is (host, port, user, database, TLS...).
+    pub connect: PgConnectOptions,
+    /// Largest number of pooled connections (claims, completions, reads and
+    /// the group-commit writer share them; the listener has its own).
+    pub pool_size: u32,
+    /// Share one transaction and one commit among every insert waiting in
+    /// the queue. `false` commits each insert on its own; only benchmarks
+    /// want that.
+    pub group_commit: bool,
+    /// Most inserts grouped into one transaction.
+    pub max_batch: usize,
+    /// Inserts that may wait for the writer; beyond this, inserts fail fast
+    /// with [`StoreError::Overloaded`].
+    pub queue_capacity: usize,
+    /// How long an operation waits for a pooled connection before it fails
+    /// with [`StoreError::Unavailable`] (e.g. while the database is down).
+    pub acquire_timeout: Duration,
+    /// Start the `LISTEN mailroom_events` connection behind
+    /// [`PostgresStore::subscribe`](crate::PostgresStore::subscribe).
+    pub listen: bool,
+}
+
+impl PostgresOptions {
+    /// Defaults for the database at `url` (`postgres://user@host:port/db`).
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
+            return Err(StoreError::Invalid(format!(
+                "not a postgres URL: {:?}",
+                redact(url)
+            )));
+        }
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("postgres URL {:?}: {e}", redact(url))))?;
+        Ok(Self::new(connect))
+    }
+
+    /// Defaults for the database `connect` names.
+    pub fn new(connect: PgConnectOptions) -> Self {
+        Self {
+            connect,
+            pool_size: 16,
+            group_commit: true,
+            max_batch: 512,
+            queue_capacity: 8192,
+            acquire_timeout: Duration::from_secs(5),
+            listen: true,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+        if self.pool_size < 2 || self.max_batch == 0 || self.queue_capacity == 0 {
+            return Err(StoreError::Invalid(
+                "postgres options: pool_size must be at least 2, max_batch and queue_capacity at least 1"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `url` without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_other_schemes_are_refused() {
+        let o = PostgresOptions::from_url("postgres://u:secret@127.0.0.1:5433/db");
+        assert!(o.is_ok());
+        assert!(PostgresOptions::from_url("postgresql://h/db").is_ok());
+        assert!(PostgresOptions::from_url("sqlite://x.db").is_err());
+    }
+
+    #[test]
+    fn errors_do_not_show_passwords() {
+        assert_eq!(
+            redact("postgres://u:secret@h:1/db"),
+            "postgres://u:***@h:1/db"
+        );
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+    }
+
+    #[test]
+    fn defaults_match_the_documentation() {
+        let o = PostgresOptions::new(PgConnectOptions::new());
+        assert!(o.group_commit && o.listen);
+        assert_eq!(
+            (o.pool_size, o.max_batch, o.queue_capacity),
+            (16, 512, 8192)
+        );
+        assert!(o.validate().is_ok());
+    }
+}

@@ -1,0 +1,774 @@
+//! The SQL of every store operation, as plain async functions of a pool.
+//!
+//! Times cross the wire as `bigint` microseconds since the Unix epoch (the
+//! resolution of `timestamptz`), so no date-time crate is needed between
+//! PostgreSQL and [`jiff`]. Every instant that matters is computed by
+//! PostgreSQL (`now()`: the transaction's start; `clock_timestamp()` for
+//! [`Store::now`](mailroom_core::Store::now)); Rust only passes durations.
+
+use bytes::Bytes;
+use jiff::Timestamp;
+use mailroom_core::{
+    Attempt, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, KeyCursor,
+    ListFilter, OnDead, Page, PurgeReport, Result, Retention, Status, StoreError, TopicStats,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Default and largest page of a listing.
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+/// Rows one purge statement touches, so retention never holds many row locks.
+const PURGE_CHUNK: i64 = 2000;
+/// Longest duration passed to SQL (200 years): keeps `now() + d` inside
+/// both `timestamptz` and [`Timestamp`], and exact as a `float8` of microseconds.
+const MAX_DURATION_US: i64 = 200 * 366 * 86_400 * 1_000_000;
+/// Advisory-lock class (first half of the two-key form) of the per-key claim
+/// locks, so they never meet the migration lock or an application's locks.
+pub(crate) const KEY_LOCK_CLASS: i32 = 0x6d72_6b79; // "mrky"
+
+/// `timestamptz` expression → `bigint` microseconds since the epoch (exact).
+macro_rules! us {
+    ($col:literal) => {
+        concat!("(extract(epoch FROM ", $col, ") * 1000000)::int8")
+    };
+}
+
+/// The columns [`event_from_row`] decodes, in order, for events aliased `e`.
+macro_rules! event_cols {
+    () => {
+        concat!(
+            "e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status, ",
+            "e.attempts, e.max_attempts, ",
+            us!("e.next_attempt_at"),
+            ", ",
+            us!("e.received_at"),
+            ", e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, ",
+            us!("e.lease_until")
+        )
+    };
+}
+
+/// Maps a database error to a [`StoreError`], saying what was being done.
+/// Data exceptions (SQLSTATE class 22: bad text encoding, out-of-range
+/// values) are the caller's input; everything else means the database could
+/// not do its part, and intake must answer 503 / nack.
+pub(crate) fn db(context: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
+    move |e| match &e {
+        sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("22")) => {
+            StoreError::Invalid(format!("postgres: {context}: {e}"))
+        }
+        _ => StoreError::Unavailable(format!("postgres: {context}: {e}")),
+    }
+}
+
+/// A duration as SQL microseconds, capped at [`MAX_DURATION_US`].
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros())
+        .unwrap_or(i64::MAX)
+        .min(MAX_DURATION_US)
+}
+
+pub(crate) fn ts(us: i64) -> Result<Timestamp> {
+    Timestamp::from_microsecond(us)
+        .map_err(|e| StoreError::Corrupt(format!("timestamp {us} out of range: {e}")))
+}
+
+fn opt_ts(us: Option<i64>) -> Result<Option<Timestamp>> {
+    us.map(ts).transpose()
+}
+
+fn col<'r, T>(row: &'r PgRow, i: usize) -> Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(i)
+        .map_err(|e| StoreError::Corrupt(format!("column {i}: {e}")))
+}
+
+fn count(row: &PgRow, i: usize) -> Result<u32> {
+    let n: i64 = col(row, i)?;
+    u32::try_from(n).map_err(|_| StoreError::Corrupt(format!("count {n} out of range")))
+}
+
+pub(crate) fn parse_id(text: &str) -> Result<EventId> {
+    text.parse()
+        .map_err(|e| StoreError::Corrupt(format!("event id {text:?}: {e}")))
+}
+
+/// Decodes a row selected with `event_cols!()`; returns its `seq` too.
+fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
+    let id: String = col(row, 1)?;
+    let status: String = col(row, 7)?;
+    let event = Event {
+        id: parse_id(&id)?,
+        source: col(row, 2)?,
+        topic: col(row, 3)?,
+        dedup_key: col(row, 4)?,
+        key: col(row, 5)?,
+        event_type: col(row, 6)?,
+        status: status.parse().map_err(StoreError::Corrupt)?,
+        attempts: count(row, 8)?,
+        max_attempts: count(row, 9)?,
+        next_attempt_at: opt_ts(col(row, 10)?)?,
+        received_at: ts(col(row, 11)?)?,
+        correlation_id: col(row, 12)?,
+        causation_id: col(row, 13)?,
+        content_type: col(row, 14)?,
+        payload: col::<Option<Vec<u8>>>(row, 15)?.map(Bytes::from),
+        last_error: col(row, 16)?,
+        lease_until: opt_ts(col(row, 17)?)?,
+        history: Vec::new(),
+    };
+    Ok((col(row, 0)?, event))
+}
+
+fn events_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Event)>> {
+    rows.iter().map(event_from_row).collect()
+}
+
+pub(crate) async fn now(pool: &PgPool) -> Result<Timestamp> {
+    let us: i64 = sqlx::query_scalar(concat!("SELECT ", us!("clock_timestamp()")))
+        .fetch_one(pool)
+        .await
+        .map_err(db("reading the database clock"))?;
+    ts(us)
+}
+
+async fn history(pool: &PgPool, seq: i64) -> Result<Vec<Attempt>> {
+    const CTX: &str = "reading attempt history";
+    let rows = sqlx::query(concat!(
+        "SELECT attempt, ",
+        us!("started_at"),
+        ", ",
+        us!("finished_at"),
+        ", outcome, error, worker
+         FROM mailroom.attempts WHERE event_seq = $1 ORDER BY attempt"
+    ))
+    .bind(seq)
+    .fetch_all(pool)
+    .await
+    .map_err(db(CTX))?;
+    rows.iter()
+        .map(|row| {
+            let outcome: String = col(row, 3)?;
+            Ok(Attempt {
+                attempt: count(row, 0)?,
+                started_at: ts(col(row, 1)?)?,
+                finished_at: opt_ts(col(row, 2)?)?,
+                outcome: outcome.parse().map_err(StoreError::Corrupt)?,
+                error: col(row, 4)?,
+                worker: col(row, 5)?,
+            })
+        })
+        .collect()
+}
+
+async fn event_by_id(pool: &PgPool, id: EventId) -> Result<Option<(i64, Event)>> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        event_cols!(),
+        " FROM mailroom.events e WHERE e.id = $1::text::uuid"
+    ))
+    .bind(id.to_string())
+    .fetch_optional(pool)
+    .await
+    .map_err(db("reading an event"))?;
+    row.as_ref().map(event_from_row).transpose()
+}
+
+/// One event with its history.
+pub(crate) async fn get(pool: &PgPool, id: EventId) -> Result<Option<Event>> {
+    match event_by_id(pool, id).await? {
+        None => Ok(None),
+        Some((seq, mut event)) => {
+            event.history = history(pool, seq).await?;
+            Ok(Some(event))
+        }
+    }
+}
+
+/// The head rule of sequential topics, for a candidate event `e`: no earlier
+/// open event of its key blocks it, and no event of its key is running.
+/// Both subqueries are served by the `events_open_keys` partial index.
+macro_rules! head_of_key {
+    ($blocking:literal) => {
+        concat!(
+            "(e.key IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM mailroom.events p
+                    WHERE p.topic = e.topic AND p.key = e.key
+                      AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq ",
+            $blocking,
+            ")
+                AND NOT EXISTS (SELECT 1 FROM mailroom.events r
+                    WHERE r.topic = e.topic AND r.key = e.key AND r.status = 'running')))"
+        )
+    };
+}
+// With OnDead::Skip a dead event does not hold its key back.
+macro_rules! head_block {
+    () => {
+        head_of_key!("")
+    };
+}
+macro_rules! head_skip {
+    () => {
+        head_of_key!("AND p.status <> 'dead'")
+    };
+}
+
+/// Moves the events whose `seq` the `$4` selection yields to `running`.
+/// `$1` lease (µs), `$2` worker, `$3` topic.
+macro_rules! claim_update {
+    ($selection:expr) => {
+        concat!(
+            "UPDATE mailroom.events e
+             SET status = 'running', attempts = e.attempts + 1,
+                 lease_until = now() + $1 * interval '1 microsecond',
+                 started_at = now(), worker = $2, next_attempt_at = NULL
+             WHERE e.seq IN (",
+            $selection,
+            ") RETURNING ",
+            event_cols!()
+        )
+    };
+}
+
+/// Independent events: one statement. `FOR UPDATE SKIP LOCKED` makes
+/// concurrent claimers (any number of instances) pass over each other's
+/// rows instead of waiting or taking the same event.
+const CLAIM_ANY: &str = claim_update!(
+    "SELECT c.seq FROM mailroom.events c
+     WHERE c.topic = $3 AND c.status = 'pending' AND c.next_attempt_at <= now()
+     ORDER BY c.seq LIMIT $4 FOR UPDATE SKIP LOCKED"
+);
+
+/// Sequential topics, step 1: the candidate heads (on this statement's
+/// snapshot), each of whose key we then try to lock. Returns the `seq` of
+/// keyless candidates and of candidates whose key lock we now hold.
+/// `$1` topic, `$2` max.
+macro_rules! claim_candidates {
+    ($head:expr) => {
+        concat!(
+            "WITH candidates AS MATERIALIZED (
+                 SELECT e.seq, e.key FROM mailroom.events e
+                 WHERE e.topic = $1 AND e.status = 'pending' AND e.next_attempt_at <= now() AND ",
+            $head,
+            " ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+             SELECT c.seq FROM candidates c
+             WHERE c.key IS NULL
+                OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
+             ORDER BY c.seq"
+        )
+    };
+}
+
+/// Sequential topics, step 2: re-check the head rule on a snapshot taken
+/// after the key locks were granted, and claim. `$4` = candidate seqs.
+macro_rules! claim_locked {
+    ($head:expr) => {
+        claim_update!(concat!(
+            "SELECT e.seq FROM mailroom.events e
+             WHERE e.seq = ANY($4) AND e.topic = $3 AND e.status = 'pending'
+               AND e.next_attempt_at <= now() AND ",
+            $head,
+            " FOR UPDATE OF e SKIP LOCKED"
+        ))
+    };
+}
+
+/// Claims per the trait's contract.
+///
+/// For sequential topics the head rule ("no earlier open event of the key,
+/// none running") reads *other* rows, which row locks alone cannot protect:
+/// two transactions could each see "nothing of key K is running" on their
+/// own snapshots and claim two different events of K (e.g. a replayed
+/// earlier event and the next one). So a claim of a keyed event is made
+/// under a transaction-scoped advisory lock on (topic, key):
+///
+/// 1. in one statement, pick the candidate heads and
+///    `pg_try_advisory_xact_lock` each key; a key another claim holds is
+///    skipped (not waited for);
+/// 2. in a *second* statement — whose READ COMMITTED snapshot is taken after
+///    the locks were granted, so it sees every claim of those keys that
+///    committed before (a transaction's effects are visible before its locks
+///    are released) — re-check the head rule and claim.
+///
+/// Only claims make events `running`, and every claim of key K holds K's
+/// lock until it commits, so two running events of one key can never
+/// coexist, across any number of connections and instances. Completions,
+/// replays and rescues only make a key less busy and need no lock. Keyless
+/// events are independent and rely on `FOR UPDATE SKIP LOCKED` alone. A hash
+/// collision between two keys only makes one claim skip a key for a moment.
+pub(crate) async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Claimed>> {
+    const CTX: &str = "claiming events";
+    let lease = micros(req.lease);
+    let max = i64::from(req.max);
+    let rows = match req.per_key {
+        None => sqlx::query(CLAIM_ANY)
+            .bind(lease)
+            .bind(&req.worker)
+            .bind(&req.topic)
+            .bind(max)
+            .fetch_all(pool)
+            .await
+            .map_err(db(CTX))?,
+        Some(on_dead) => {
+            let (pick, take) = match on_dead {
+                OnDead::Block => (
+                    claim_candidates!(head_block!()),
+                    claim_locked!(head_block!()),
+                ),
+                OnDead::Skip => (claim_candidates!(head_skip!()), claim_locked!(head_skip!())),
+            };
+            let mut tx = pool.begin().await.map_err(db(CTX))?;
+            let seqs: Vec<i64> = sqlx::query_scalar(pick)
+                .bind(&req.topic)
+                .bind(max)
+                .bind(KEY_LOCK_CLASS)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db(CTX))?;
+            if seqs.is_empty() {
+                tx.rollback().await.map_err(db(CTX))?;
+                return Ok(Vec::new());
+            }
+            let rows = sqlx::query(take)
+                .bind(lease)
+                .bind(&req.worker)
+                .bind(&req.topic)
+                .bind(&seqs)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db(CTX))?;
+            tx.commit().await.map_err(db(CTX))?;
+            rows
+        }
+    };
+    let mut claimed = events_from_rows(&rows)?;
+    // RETURNING comes in no particular order; hand out oldest arrival first.
+    claimed.sort_unstable_by_key(|(seq, _)| *seq);
+    claimed
+        .into_iter()
+        .map(|(_, event)| {
+            let lease_until = event.lease_until.ok_or_else(|| {
+                StoreError::Corrupt(format!("claimed event {} has no lease", event.id))
+            })?;
+            Ok(Claimed {
+                token: FencingToken(event.attempts),
+                lease_until,
+                event,
+            })
+        })
+        .collect()
+}
+
+macro_rules! next_due_sql {
+    ($cond:expr) => {
+        concat!(
+            "SELECT ",
+            us!("MIN(e.next_attempt_at)"),
+            " FROM mailroom.events e WHERE e.topic = $1 AND e.status = 'pending' AND ",
+            $cond
+        )
+    };
+}
+
+pub(crate) async fn next_due(pool: &PgPool, req: &ClaimRequest) -> Result<Option<Timestamp>> {
+    let sql = match req.per_key {
+        None => next_due_sql!("TRUE"),
+        Some(OnDead::Block) => next_due_sql!(head_block!()),
+        Some(OnDead::Skip) => next_due_sql!(head_skip!()),
+    };
+    let due: Option<i64> = sqlx::query_scalar(sql)
+        .bind(&req.topic)
+        .fetch_one(pool)
+        .await
+        .map_err(db("finding the next due event"))?;
+    opt_ts(due)
+}
+
+/// `StaleToken` if the event exists, else `NotFound`.
+async fn stale_or_missing(pool: &PgPool, id: EventId) -> StoreError {
+    let found = sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM mailroom.events WHERE id = $1::text::uuid)",
+    )
+    .bind(id.to_string())
+    .fetch_one(pool)
+    .await;
+    match found {
+        Ok(true) => StoreError::StaleToken,
+        Ok(false) => StoreError::NotFound,
+        Err(e) => db("checking a fencing token")(e),
+    }
+}
+
+/// What a completion writes: status, retry delay (µs), error, history outcome.
+pub(crate) fn completion_parts(
+    c: &Completion,
+) -> (Status, Option<i64>, Option<&str>, &'static str) {
+    match c {
+        Completion::Done => (Status::Done, None, None, "done"),
+        Completion::Retry { delay, error } => (
+            Status::Pending,
+            Some(micros(*delay)),
+            Some(error.as_str()),
+            "retry",
+        ),
+        Completion::Dead { error } => (Status::Dead, None, Some(error.as_str()), "dead"),
+    }
+}
+
+/// One statement: the fenced update and its history row, atomically.
+const COMPLETE: &str = "
+    WITH ended AS (
+        UPDATE mailroom.events
+        SET status = $1,
+            next_attempt_at = now() + $2 * interval '1 microsecond',
+            lease_until = NULL,
+            last_error = COALESCE($3, last_error)
+        WHERE id = $4::text::uuid AND status = 'running' AND attempts = $5
+        RETURNING seq, started_at, worker
+    ), recorded AS (
+        INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+        SELECT seq, $5, COALESCE(started_at, now()), now(), $6, $3, worker FROM ended
+        ON CONFLICT DO NOTHING
+    )
+    SELECT count(*) FROM ended";
+
+pub(crate) async fn complete(
+    pool: &PgPool,
+    id: EventId,
+    token: FencingToken,
+    completion: &Completion,
+) -> Result<()> {
+    let (status, delay, error, outcome) = completion_parts(completion);
+    let ended: i64 = sqlx::query_scalar(COMPLETE)
+        .bind(status.as_str())
+        .bind(delay)
+        .bind(error)
+        .bind(id.to_string())
+        .bind(i64::from(token.0))
+        .bind(outcome)
+        .fetch_one(pool)
+        .await
+        .map_err(db("completing an attempt"))?;
+    if ended == 0 {
+        return Err(stale_or_missing(pool, id).await);
+    }
+    Ok(())
+}
+
+pub(crate) async fn extend(
+    pool: &PgPool,
+    id: EventId,
+    token: FencingToken,
+    lease: Duration,
+) -> Result<Timestamp> {
+    let until: Option<i64> = sqlx::query_scalar(concat!(
+        "UPDATE mailroom.events SET lease_until = now() + $1 * interval '1 microsecond'
+         WHERE id = $2::text::uuid AND status = 'running' AND attempts = $3
+         RETURNING ",
+        us!("lease_until")
+    ))
+    .bind(micros(lease))
+    .bind(id.to_string())
+    .bind(i64::from(token.0))
+    .fetch_optional(pool)
+    .await
+    .map_err(db("extending a lease"))?;
+    match until {
+        Some(until) => ts(until),
+        None => Err(stale_or_missing(pool, id).await),
+    }
+}
+
+pub(crate) async fn rescue_expired(pool: &PgPool) -> Result<u64> {
+    // SKIP LOCKED: a row being completed right now is not expired for long;
+    // its completion wins, or the next rescue takes it.
+    let rescued: i64 = sqlx::query_scalar(
+        "WITH expired AS (
+             SELECT seq FROM mailroom.events
+             WHERE status = 'running' AND lease_until < now()
+             FOR UPDATE SKIP LOCKED
+         ), moved AS (
+             UPDATE mailroom.events e
+             SET status = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
+                 next_attempt_at = CASE WHEN e.attempts >= e.max_attempts THEN NULL ELSE now() END,
+                 lease_until = NULL, last_error = 'lease expired'
+             FROM expired x WHERE e.seq = x.seq
+             RETURNING e.seq, e.attempts, e.started_at, e.worker
+         ), recorded AS (
+             INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+             SELECT seq, attempts, COALESCE(started_at, now()), now(), 'lease_expired', 'lease expired', worker
+             FROM moved
+             ON CONFLICT DO NOTHING
+         )
+         SELECT count(*) FROM moved",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db("rescuing expired leases"))?;
+    Ok(u64::try_from(rescued).unwrap_or(0))
+}
+
+/// Why a replay or skip of `id` changed nothing: `NotFound`, or `Conflict`
+/// naming the status that refused it.
+async fn refused(pool: &PgPool, id: EventId, why: impl FnOnce(Status) -> String) -> StoreError {
+    match event_by_id(pool, id).await {
+        Ok(None) => StoreError::NotFound,
+        Ok(Some((_, e))) => StoreError::Conflict(why(e.status)),
+        Err(e) => e,
+    }
+}
+
+pub(crate) async fn replay(pool: &PgPool, id: EventId, budget: u32) -> Result<Event> {
+    let changed = sqlx::query(
+        "UPDATE mailroom.events
+         SET status = 'pending', max_attempts = LEAST(attempts + $2, 4294967295),
+             next_attempt_at = now(), lease_until = NULL
+         WHERE id = $1::text::uuid AND status <> 'running'",
+    )
+    .bind(id.to_string())
+    .bind(i64::from(budget))
+    .execute(pool)
+    .await
+    .map_err(db("replaying an event"))?
+    .rows_affected();
+    if changed == 0 {
+        return Err(refused(pool, id, |_| {
+            format!("event {id} is running; wait for its attempt to end")
+        })
+        .await);
+    }
+    get(pool, id).await?.ok_or(StoreError::NotFound)
+}
+
+pub(crate) async fn replay_matching(
+    pool: &PgPool,
+    filter: &ListFilter,
+    budget: u32,
+) -> Result<u64> {
+    let changed = sqlx::query(
+        "UPDATE mailroom.events
+         SET status = 'pending', max_attempts = LEAST(attempts + $4, 4294967295),
+             next_attempt_at = now(), lease_until = NULL
+         WHERE status <> 'running'
+           AND ($1::text IS NULL OR topic = $1)
+           AND ($2::text IS NULL OR status = $2)
+           AND ($3::text IS NULL OR key = $3)",
+    )
+    .bind(filter.topic.as_deref())
+    .bind(filter.status.map(Status::as_str))
+    .bind(filter.key.as_deref())
+    .bind(i64::from(budget))
+    .execute(pool)
+    .await
+    .map_err(db("replaying events"))?
+    .rows_affected();
+    Ok(changed)
+}
+
+pub(crate) async fn skip(pool: &PgPool, id: EventId) -> Result<Event> {
+    let changed = sqlx::query(
+        "UPDATE mailroom.events SET status = 'skipped'
+         WHERE id = $1::text::uuid AND status = 'dead'",
+    )
+    .bind(id.to_string())
+    .execute(pool)
+    .await
+    .map_err(db("skipping an event"))?
+    .rows_affected();
+    if changed == 0 {
+        return Err(refused(pool, id, |status| {
+            format!("only dead events can be skipped; event {id} is {status}")
+        })
+        .await);
+    }
+    get(pool, id).await?.ok_or(StoreError::NotFound)
+}
+
+pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
+    const CTX: &str = "listing events";
+    let limit = match filter.limit {
+        0 => DEFAULT_LIMIT,
+        n => n.min(MAX_LIMIT),
+    };
+    let after_seq: Option<i64> = match filter.cursor {
+        None => None,
+        Some(KeyCursor(after_id)) => {
+            let seq: Option<i64> =
+                sqlx::query_scalar("SELECT seq FROM mailroom.events WHERE id = $1::text::uuid")
+                    .bind(after_id.to_string())
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db(CTX))?;
+            Some(seq.ok_or_else(|| {
+                StoreError::Invalid(format!("cursor {after_id} names no stored event"))
+            })?)
+        }
+    };
+    // One row more than the page tells whether another page follows.
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        event_cols!(),
+        " FROM mailroom.events e
+         WHERE ($1::text IS NULL OR e.topic = $1)
+           AND ($2::text IS NULL OR e.status = $2)
+           AND ($3::text IS NULL OR e.key = $3)
+           AND ($4::int8 IS NULL OR e.seq < $4)
+         ORDER BY e.seq DESC LIMIT $5"
+    ))
+    .bind(filter.topic.as_deref())
+    .bind(filter.status.map(Status::as_str))
+    .bind(filter.key.as_deref())
+    .bind(after_seq)
+    .bind(i64::from(limit) + 1)
+    .fetch_all(pool)
+    .await
+    .map_err(db(CTX))?;
+    let mut events: Vec<Event> = events_from_rows(&rows)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    let next_cursor = if events.len() > limit as usize {
+        events.truncate(limit as usize);
+        events.last().map(|e| KeyCursor(e.id))
+    } else {
+        None
+    };
+    Ok(Page {
+        events,
+        next_cursor,
+    })
+}
+
+pub(crate) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
+    const CTX: &str = "computing stats";
+    // One snapshot for the three queries, so the numbers agree.
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    let mut by_topic: BTreeMap<String, TopicStats> = BTreeMap::new();
+    let rows =
+        sqlx::query("SELECT topic, status, count(*) FROM mailroom.events GROUP BY topic, status")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db(CTX))?;
+    for row in &rows {
+        let topic: String = col(row, 0)?;
+        let status: String = col(row, 1)?;
+        let n: i64 = col(row, 2)?;
+        let status: Status = status.parse().map_err(StoreError::Corrupt)?;
+        by_topic
+            .entry(topic.clone())
+            .or_insert_with(|| TopicStats {
+                topic,
+                ..TopicStats::default()
+            })
+            .counts
+            .insert(status.as_str(), u64::try_from(n).unwrap_or(0));
+    }
+    let rows = sqlx::query(concat!(
+        "SELECT topic, ",
+        us!("min(received_at)"),
+        " FROM mailroom.events WHERE status = 'pending' GROUP BY topic"
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    for row in &rows {
+        let topic: String = col(row, 0)?;
+        if let Some(stats) = by_topic.get_mut(&topic) {
+            stats.oldest_pending = opt_ts(col(row, 1)?)?;
+        }
+    }
+    // A key is blocked when its head (earliest open event) is dead.
+    let rows = sqlx::query(
+        "SELECT e.topic, count(DISTINCT e.key) FROM mailroom.events e
+         WHERE e.status = 'dead' AND e.key IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM mailroom.events p
+               WHERE p.topic = e.topic AND p.key = e.key
+                 AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq)
+         GROUP BY e.topic",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    for row in &rows {
+        let topic: String = col(row, 0)?;
+        let n: i64 = col(row, 1)?;
+        if let Some(stats) = by_topic.get_mut(&topic) {
+            stats.blocked_keys = u64::try_from(n).unwrap_or(0);
+        }
+    }
+    tx.commit().await.map_err(db(CTX))?;
+    Ok(by_topic.into_values().collect())
+}
+
+/// Applies retention in bounded statements (at most [`PURGE_CHUNK`] rows
+/// each, skipping rows another transaction holds), so intake and claims keep
+/// flowing meanwhile. Cutoffs are fixed once, on the database clock.
+pub(crate) async fn purge(pool: &PgPool, retention: Retention) -> Result<PurgeReport> {
+    const CTX: &str = "applying retention";
+    let now: i64 = sqlx::query_scalar(concat!("SELECT ", us!("now()")))
+        .fetch_one(pool)
+        .await
+        .map_err(db(CTX))?;
+    let cutoff = |d: Duration| now.saturating_sub(micros(d));
+    let mut report = PurgeReport::default();
+    // Finished rows past the dedup window go first, with their history.
+    loop {
+        let deleted: i64 = sqlx::query_scalar(
+            "WITH doomed AS (
+                 SELECT seq FROM mailroom.events
+                 WHERE status IN ('done', 'skipped')
+                   AND received_at < timestamptz 'epoch' + $1 * interval '1 microsecond'
+                 LIMIT $2 FOR UPDATE SKIP LOCKED
+             ), history AS (
+                 DELETE FROM mailroom.attempts WHERE event_seq IN (SELECT seq FROM doomed)
+             ), gone AS (
+                 DELETE FROM mailroom.events WHERE seq IN (SELECT seq FROM doomed) RETURNING 1
+             )
+             SELECT count(*) FROM gone",
+        )
+        .bind(cutoff(retention.dedup))
+        .bind(PURGE_CHUNK)
+        .fetch_one(pool)
+        .await
+        .map_err(db(CTX))?;
+        report.rows_deleted += u64::try_from(deleted).unwrap_or(0);
+        if deleted < PURGE_CHUNK {
+            break;
+        }
+    }
+    loop {
+        let dropped = sqlx::query(
+            "UPDATE mailroom.events SET payload = NULL
+             WHERE seq IN (
+                 SELECT seq FROM mailroom.events
+                 WHERE payload IS NOT NULL
+                   AND ((status IN ('done', 'skipped')
+                         AND received_at < timestamptz 'epoch' + $1 * interval '1 microsecond')
+                     OR (status = 'dead'
+                         AND received_at < timestamptz 'epoch' + $2 * interval '1 microsecond'))
+                 LIMIT $3 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(cutoff(retention.done))
+        .bind(cutoff(retention.dead))
+        .bind(PURGE_CHUNK)
+        .execute(pool)
+        .await
+        .map_err(db(CTX))?
+        .rows_affected();
+        report.payloads_dropped += dropped;
+        if dropped < PURGE_CHUNK as u64 {
+            break;
+        }
+    }
+    Ok(report)
+}

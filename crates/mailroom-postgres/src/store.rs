@@ -1,0 +1,179 @@
+//! [`PostgresStore`]: the [`Store`] trait over one PostgreSQL database.
+
+use crate::options::PostgresOptions;
+use crate::sql::{self, db};
+use crate::writer::Writer;
+use jiff::Timestamp;
+use mailroom_core::{
+    ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
+    NewEvent, Page, PurgeReport, Result, Retention, Store, TopicStats,
+};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+/// The scale-out store: a connection pool to a database that any number of
+/// mailroom instances share, a group-commit task for inserts, and a `LISTEN`
+/// connection that wakes subscribers when events arrive.
+///
+/// Cheap to clone. The background tasks stop when the last clone is dropped.
+/// Call [`Store::migrate`] once before use (safe to run from several
+/// instances at once). Must be created inside a Tokio runtime.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    writer: Writer,
+    notify: broadcast::Sender<String>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.take() {
+            task.abort();
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Connects (checking that the database answers), starts the insert
+    /// task and, unless disabled, the `LISTEN` connection. Does not migrate:
+    /// call [`Store::migrate`]. A database that is down gives
+    /// [`StoreError::Unavailable`](mailroom_core::StoreError::Unavailable);
+    /// once connected, the pool reconnects by itself after outages.
+    pub async fn connect(opts: PostgresOptions) -> Result<Self> {
+        opts.validate()?;
+        // Durability does not depend on the server's default (SPEC §2.1).
+        let connect = opts
+            .connect
+            .clone()
+            .options([("synchronous_commit", "on")])
+            .application_name("mailroom");
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.pool_size)
+            .acquire_timeout(opts.acquire_timeout)
+            .connect_with(connect.clone())
+            .await
+            .map_err(db("connecting"))?;
+        let (notify, listener) = if opts.listen {
+            let (tx, task) = crate::listen::start(connect, opts.acquire_timeout).await?;
+            (tx, Some(task))
+        } else {
+            (broadcast::channel(1).0, None)
+        };
+        let group = if opts.group_commit { opts.max_batch } else { 1 };
+        let writer = Writer::start(pool.clone(), group, opts.queue_capacity);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                writer,
+                notify,
+                listener,
+            }),
+        })
+    }
+
+    /// Insert transactions committed by this handle so far; with group
+    /// commit, far fewer than the inserts they carried.
+    pub fn commits(&self) -> u64 {
+        self.inner.writer.commits()
+    }
+
+    /// Topics with new events, as `NOTIFY mailroom_events` reports them
+    /// from any instance or outbox transaction ([`ANY_TOPIC`](crate::ANY_TOPIC)
+    /// after the listening connection was re-established). Nothing arrives
+    /// if the store was opened with `listen = false`.
+    pub fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.inner.notify.subscribe()
+    }
+
+    /// The connection pool, for applications that want to run their own
+    /// transactions (e.g. [`outbox::enqueue`](crate::outbox::enqueue)) on
+    /// the same database.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    fn pool_ref(&self) -> &PgPool {
+        &self.inner.pool
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn migrate(&self) -> Result<()> {
+        crate::schema::migrate(self.pool_ref()).await
+    }
+
+    async fn insert(&self, event: NewEvent) -> Result<Inserted> {
+        self.inner.writer.insert(event).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>> {
+        if req.max == 0 {
+            return Ok(Vec::new());
+        }
+        sql::claim(self.pool_ref(), req).await
+    }
+
+    async fn complete(
+        &self,
+        id: EventId,
+        token: FencingToken,
+        completion: Completion,
+    ) -> Result<()> {
+        sql::complete(self.pool_ref(), id, token, &completion).await
+    }
+
+    async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp> {
+        sql::extend(self.pool_ref(), id, token, lease).await
+    }
+
+    async fn rescue_expired(&self) -> Result<u64> {
+        sql::rescue_expired(self.pool_ref()).await
+    }
+
+    async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {
+        sql::next_due(self.pool_ref(), req).await
+    }
+
+    async fn get(&self, id: EventId) -> Result<Option<Event>> {
+        sql::get(self.pool_ref(), id).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Page> {
+        sql::list(self.pool_ref(), filter).await
+    }
+
+    async fn replay(&self, id: EventId, budget: u32) -> Result<Event> {
+        sql::replay(self.pool_ref(), id, budget).await
+    }
+
+    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64> {
+        sql::replay_matching(self.pool_ref(), filter, budget).await
+    }
+
+    async fn skip(&self, id: EventId) -> Result<Event> {
+        sql::skip(self.pool_ref(), id).await
+    }
+
+    async fn stats(&self) -> Result<Vec<TopicStats>> {
+        sql::stats(self.pool_ref()).await
+    }
+
+    async fn purge(&self, retention: Retention) -> Result<PurgeReport> {
+        sql::purge(self.pool_ref(), retention).await
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        sql::now(self.pool_ref()).await
+    }
+}

@@ -1,0 +1,424 @@
+//! PostgreSQL-specific behaviour beyond the shared conformance suite: group
+//! commit, the outbox, LISTEN/NOTIFY, several stores (instances) on one
+//! database, and outages. Each test gets a fresh database.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use mailroom_conformance::event;
+use mailroom_core::{
+    ClaimRequest, Completion, EventId, ListFilter, OnDead, Status, Store, StoreError,
+};
+use mailroom_postgres::{PostgresOptions, PostgresStore};
+use sqlx::Connection as _;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+async fn store_at(url: &str, group_commit: bool) -> PostgresStore {
+    let mut opts = PostgresOptions::from_url(url).unwrap();
+    opts.group_commit = group_commit;
+    opts.pool_size = 8;
+    let store = PostgresStore::connect(opts).await.unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+async fn fresh(group_commit: bool) -> (String, PostgresStore) {
+    let url = mailroom_testkit::fresh_postgres_db().await;
+    let store = store_at(&url, group_commit).await;
+    (url, store)
+}
+
+fn claim_req(topic: &str, max: u32, per_key: Option<OnDead>) -> ClaimRequest {
+    ClaimRequest {
+        topic: topic.into(),
+        worker: "w".into(),
+        max,
+        lease: Duration::from_secs(30),
+        per_key,
+    }
+}
+
+async fn insert_concurrently(store: &PostgresStore, n: usize) -> Vec<mailroom_core::Inserted> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let s = store.clone();
+        tasks.spawn(async move { s.insert(event("orders", &format!("e{i}"), None)).await });
+    }
+    tasks
+        .join_all()
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+/// Concurrent inserts share commits: 300 inserts take far fewer than 300 transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_shares_transactions_among_concurrent_inserts() {
+    let (_, store) = fresh(true).await;
+    let answers = insert_concurrently(&store, 300).await;
+    assert!(answers.iter().all(|a| !a.duplicate));
+    let commits = store.commits();
+    assert!(
+        (1..150).contains(&commits),
+        "{commits} commits for 300 inserts"
+    );
+    let all = ListFilter {
+        limit: 1000,
+        ..ListFilter::default()
+    };
+    assert_eq!(store.list(&all).await.unwrap().events.len(), 300);
+}
+
+/// Without group commit every insert is its own transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_group_commit_each_insert_commits_alone() {
+    let (_, store) = fresh(false).await;
+    insert_concurrently(&store, 40).await;
+    assert_eq!(store.commits(), 40);
+}
+
+/// Two inserts of one dedup key in one group: exactly one is new, both get its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_twice_in_one_group_is_one_event() {
+    let (_, store) = fresh(true).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let s = store.clone();
+        let dedup = if i % 2 == 0 {
+            "same".to_owned()
+        } else {
+            format!("other{i}")
+        };
+        tasks.spawn(async move { s.insert(event("orders", &dedup, None)).await.unwrap() });
+    }
+    let answers = tasks.join_all().await;
+    assert_eq!(answers.iter().filter(|a| a.duplicate).count(), 49);
+    assert!(store.commits() < 100, "the inserts were grouped");
+}
+
+/// A NUL character is refused as invalid input without failing its neighbours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_invalid_and_fails_only_itself() {
+    let (_, store) = fresh(true).await;
+    let mut bad = event("orders", "bad\0key", None);
+    bad.key = Some("k".into());
+    let (a, b) = tokio::join!(
+        store.insert(bad),
+        store.insert(event("orders", "good", None))
+    );
+    assert!(matches!(a, Err(StoreError::Invalid(_))), "{a:?}");
+    assert!(!b.unwrap().duplicate);
+}
+
+/// An outbox event written in a transaction that rolls back is not stored;
+/// one that commits is pending, claimable, JSON, from source `outbox`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_enqueue_follows_the_application_transaction() {
+    let (url, store) = fresh(true).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let payload = serde_json::json!({"amount": 42, "currency": "EUR"});
+
+    let mut tx = conn.begin().await.unwrap();
+    mailroom_postgres::outbox::enqueue(
+        &mut tx,
+        "payments",
+        "payment.created",
+        Some("c7"),
+        &payload,
+        Some("p-1"),
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(
+        store
+            .list(&ListFilter::default())
+            .await
+            .unwrap()
+            .events
+            .is_empty()
+    );
+
+    let mut tx = conn.begin().await.unwrap();
+    let id = mailroom_postgres::outbox::enqueue(
+        &mut tx,
+        "payments",
+        "payment.created",
+        Some("c7"),
+        &payload,
+        Some("p-1"),
+    )
+    .await
+    .unwrap();
+    let again = mailroom_postgres::outbox::enqueue(
+        &mut tx,
+        "payments",
+        "payment.created",
+        Some("c7"),
+        &payload,
+        Some("p-1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, id, "a repeated dedup key returns the stored id");
+    tx.commit().await.unwrap();
+
+    let claimed = store.claim(&claim_req("payments", 10, None)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let e = &claimed[0].event;
+    assert_eq!(e.id, EventId(id));
+    assert_eq!(e.id.0.get_version_num(), 7, "outbox ids are UUIDv7");
+    assert_eq!((e.source.as_str(), e.dedup_key.as_str()), ("outbox", "p-1"));
+    assert_eq!(e.key.as_deref(), Some("c7"));
+    assert_eq!(e.event_type.as_deref(), Some("payment.created"));
+    assert_eq!(e.content_type.as_deref(), Some("application/json"));
+    assert_eq!(e.max_attempts, 15);
+    let body: serde_json::Value = serde_json::from_slice(e.payload.as_deref().unwrap()).unwrap();
+    assert_eq!(body, payload);
+
+    // Without a dedup key nothing is a duplicate.
+    let a = mailroom_postgres::outbox::enqueue(&mut conn, "payments", "x", None, &payload, None)
+        .await
+        .unwrap();
+    let b = mailroom_postgres::outbox::enqueue(&mut conn, "payments", "x", None, &payload, None)
+        .await
+        .unwrap();
+    assert_ne!(a, b);
+    assert!(a < b, "UUIDv7 ids sort by time");
+}
+
+/// An insert through another store (another connection, another instance)
+/// wakes a subscriber within 100 ms; so does an outbox commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_wake_on_inserts_from_other_connections() {
+    let (url, store) = fresh(true).await;
+    let mut rx = store.subscribe();
+    let other = store_at(&url, true).await;
+    other.insert(event("orders", "e1", None)).await.unwrap();
+    let topic = tokio::time::timeout(Duration::from_millis(100), rx.recv())
+        .await
+        .expect("woken within 100 ms")
+        .unwrap();
+    assert_eq!(topic, "orders");
+
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    mailroom_postgres::outbox::enqueue(&mut tx, "invoices", "t", None, &serde_json::json!(1), None)
+        .await
+        .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), rx.recv())
+            .await
+            .is_err(),
+        "nothing before the commit"
+    );
+    tx.commit().await.unwrap();
+    let topic = tokio::time::timeout(Duration::from_millis(100), rx.recv())
+        .await
+        .expect("woken within 100 ms")
+        .unwrap();
+    assert_eq!(topic, "invoices");
+}
+
+/// Two stores on one database (two instances) claiming a plain topic
+/// concurrently never receive the same event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_never_claim_the_same_event() {
+    let (url, a) = fresh(true).await;
+    let b = store_at(&url, true).await;
+    insert_concurrently(&a, 400).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (w, s) in [a.clone(), b.clone(), a.clone(), b.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        tasks.spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let mut r = claim_req("orders", 9, None);
+                r.worker = format!("w{w}");
+                let got = s.claim(&r).await.unwrap();
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.iter().map(|c| c.event.id));
+            }
+        });
+    }
+    let all: Vec<EventId> = tasks.join_all().await.into_iter().flatten().collect();
+    let unique: HashSet<EventId> = all.iter().copied().collect();
+    assert_eq!((all.len(), unique.len()), (400, 400));
+}
+
+/// Two stores on one database working a sequential topic, while earlier
+/// events keep being replayed behind their keys, never run two events of one
+/// key at once, and every key's first pass runs in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_never_run_two_events_of_one_key() {
+    let (url, a) = fresh(true).await;
+    let b = store_at(&url, true).await;
+    let mut order: HashMap<String, Vec<EventId>> = HashMap::new();
+    for i in 0..12 {
+        for k in 0..8 {
+            let key = format!("k{k}");
+            let id = a
+                .insert(event("seq", &format!("{key}-{i}"), Some(&key)))
+                .await
+                .unwrap()
+                .id;
+            order.entry(key).or_default().push(id);
+        }
+    }
+    let running: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let seen: Arc<Mutex<HashMap<String, Vec<EventId>>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (w, s) in [a.clone(), b.clone(), a.clone(), b.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        let (running, seen, stop) = (running.clone(), seen.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut r = claim_req("seq", 3, Some(OnDead::Block));
+            r.worker = format!("w{w}");
+            let mut idle = 0;
+            while idle < 20 {
+                let got = s.claim(&r).await.unwrap();
+                if got.is_empty() {
+                    idle += usize::from(stop.load(std::sync::atomic::Ordering::Relaxed));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                idle = 0;
+                for c in &got {
+                    let key = c.event.key.clone().unwrap();
+                    assert!(
+                        running.lock().unwrap().insert(key.clone()),
+                        "two events of {key} running"
+                    );
+                    seen.lock()
+                        .unwrap()
+                        .entry(key)
+                        .or_default()
+                        .push(c.event.id);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                for c in got {
+                    // Leave the set before completing: the next event of the key
+                    // can only be claimed after the completion commits.
+                    running
+                        .lock()
+                        .unwrap()
+                        .remove(c.event.key.as_deref().unwrap());
+                    s.complete(c.event.id, c.token, Completion::Done)
+                        .await
+                        .unwrap();
+                }
+            }
+        });
+    }
+    // Meanwhile, replay finished events so earlier events reappear behind
+    // later ones: the race the per-key lock exists for.
+    let replayer = {
+        let s = b.clone();
+        let order = order.clone();
+        tokio::spawn(async move {
+            for round in 0..60 {
+                for (k, (_, ids)) in order.iter().enumerate() {
+                    let id = ids[(round + k) % ids.len()];
+                    match s.replay(id, 1).await {
+                        Ok(_) | Err(StoreError::Conflict(_)) => {}
+                        Err(e) => panic!("replay: {e}"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+        })
+    };
+    replayer.await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    tasks.join_all().await;
+    let seen = seen.lock().unwrap().clone();
+    for (key, ids) in &order {
+        let first_pass: Vec<EventId> = {
+            let mut firsts = Vec::new();
+            for id in &seen[key] {
+                if !firsts.contains(id) {
+                    firsts.push(*id);
+                }
+            }
+            firsts
+        };
+        assert_eq!(&first_pass, ids, "first runs of {key} in arrival order");
+    }
+    let pending = ListFilter {
+        status: Some(Status::Pending),
+        ..ListFilter::default()
+    };
+    assert!(
+        a.list(&pending).await.unwrap().events.is_empty(),
+        "everything drained"
+    );
+}
+
+/// A database that cannot be reached is `Unavailable`, never a panic; once it
+/// accepts connections again the same store works without being reopened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outages_are_unavailable_and_the_pool_recovers() {
+    let refused = PostgresOptions::from_url("postgres://postgres@127.0.0.1:1/nowhere").unwrap();
+    let err = PostgresStore::connect(refused).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+
+    let url = mailroom_testkit::fresh_postgres_db().await;
+    let mut opts = PostgresOptions::from_url(&url).unwrap();
+    opts.acquire_timeout = Duration::from_millis(500);
+    let store = PostgresStore::connect(opts).await.unwrap();
+    store.migrate().await.unwrap();
+    store.insert(event("orders", "before", None)).await.unwrap();
+
+    let db_name = url.rsplit('/').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&mailroom_testkit::postgres_admin_url())
+        .await
+        .unwrap();
+    let set_allowed = |allowed: bool| {
+        sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE \"{db_name}\" ALLOW_CONNECTIONS {allowed}"
+        ))
+    };
+    sqlx::raw_sql(set_allowed(false))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+        .bind(&db_name)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let down = store.insert(event("orders", "during", None)).await;
+    assert!(matches!(down, Err(StoreError::Unavailable(_))), "{down:?}");
+    let down = store.claim(&claim_req("orders", 1, None)).await;
+    assert!(matches!(down, Err(StoreError::Unavailable(_))), "{down:?}");
+
+    sqlx::raw_sql(set_allowed(true))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut recovered = false;
+    for _ in 0..20 {
+        if store.insert(event("orders", "after", None)).await.is_ok() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "the pool reconnects");
+    assert_eq!(
+        store
+            .claim(&claim_req("orders", 10, None))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
