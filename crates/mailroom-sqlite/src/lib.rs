@@ -16,6 +16,34 @@
 //!
 //! The store's clock is the process clock, read inside the store: SQLite runs
 //! in-process, so that is the database clock.
+//!
+//! # Outbox on SQLite
+//!
+//! An application sharing the database file enqueues an event in the same
+//! transaction as its business write with [`OUTBOX_INSERT`] (named
+//! parameters `:topic`, `:type`, `:key`, `:payload`, `:dedup_key`). Rollback
+//! leaves nothing; after commit a running `mailroom serve` picks the event up
+//! within its polling interval (1 s). A repeated `:dedup_key` is ignored.
+//!
+//! ```no_run
+//! # fn main() -> rusqlite::Result<()> {
+//! let mut conn = rusqlite::Connection::open("mailroom.db")?;
+//! conn.busy_timeout(std::time::Duration::from_secs(5))?;
+//! let tx = conn.transaction()?;
+//! // ... the application's own writes ...
+//! tx.execute(
+//!     mailroom_sqlite::OUTBOX_INSERT,
+//!     rusqlite::named_params! {
+//!         ":topic": "orders",
+//!         ":type": "order.created",
+//!         ":key": "customer-7",
+//!         ":payload": r#"{"order": 42}"#,
+//!         ":dedup_key": "order-42-created",
+//!     },
+//! )?;
+//! tx.commit()?;
+//! # Ok(()) }
+//! ```
 
 mod options;
 mod reader;
@@ -25,4 +53,21 @@ mod store;
 mod writer;
 
 pub use options::SqliteOptions;
+
+/// The documented outbox INSERT for applications sharing the SQLite file
+/// (SPEC §6): run it inside your own transaction. `:payload` is JSON text (or
+/// any bytes; bind a blob for binary); `:key` and `:type` may be NULL.
+/// The event is stored pending, due now, with source `outbox`, 15 attempts,
+/// and a random id (mailroom orders events by arrival, not by id).
+pub const OUTBOX_INSERT: &str = "\
+INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts, max_attempts,
+                    next_attempt_at, received_at, content_type, payload)
+VALUES (
+    lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' ||
+          substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6))),
+    'outbox', :topic, :dedup_key, :key, :type, 'pending', 0, 15,
+    CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
+    CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
+    'application/json', :payload)
+ON CONFLICT (source, dedup_key) DO NOTHING";
 pub use store::SqliteStore;

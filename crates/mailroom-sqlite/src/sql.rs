@@ -66,6 +66,21 @@ fn col<T: FromSql>(row: &Row<'_>, i: usize) -> Result<T> {
         .map_err(|e| StoreError::Corrupt(format!("events column {i}: {e}")))
 }
 
+/// The payload as bytes. Applications writing through the documented outbox
+/// INSERT may bind a string instead of a blob; both are the same bytes.
+fn payload_col(row: &Row<'_>, i: usize) -> Result<Option<Bytes>> {
+    use rusqlite::types::ValueRef;
+    match row.get_ref(i) {
+        Ok(ValueRef::Null) => Ok(None),
+        Ok(ValueRef::Blob(b)) | Ok(ValueRef::Text(b)) => Ok(Some(Bytes::copy_from_slice(b))),
+        Ok(other) => Err(StoreError::Corrupt(format!(
+            "events column {i}: payload of type {:?}",
+            other.data_type()
+        ))),
+        Err(e) => Err(StoreError::Corrupt(format!("events column {i}: {e}"))),
+    }
+}
+
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
     let id: String = col(row, 1)?;
@@ -87,7 +102,7 @@ fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
         correlation_id: col(row, 12)?,
         causation_id: col(row, 13)?,
         content_type: col(row, 14)?,
-        payload: col::<Option<Vec<u8>>>(row, 15)?.map(Bytes::from),
+        payload: payload_col(row, 15)?,
         last_error: col(row, 16)?,
         lease_until: opt_ts(col(row, 17)?)?,
         history: Vec::new(),

@@ -1,0 +1,103 @@
+//! The outbox on SQLite: an application's own transaction writes the event.
+
+use mailroom::handler::handler_fn;
+use mailroom::{Engine, Event, Outcome, TopicSpec};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+fn app_insert(tx: &rusqlite::Transaction<'_>, dedup: &str) {
+    tx.execute("INSERT INTO app_orders (id) VALUES (?1)", [dedup])
+        .expect("business write");
+    tx.execute(
+        mailroom_sqlite::OUTBOX_INSERT,
+        rusqlite::named_params! {
+            ":topic": "orders",
+            ":type": "order.created",
+            ":key": "customer-7",
+            ":payload": format!("{{\"order\":\"{dedup}\"}}"),
+            ":dedup_key": dedup,
+        },
+    )
+    .expect("outbox insert");
+}
+
+/// Rolled back, the outbox INSERT leaves nothing; committed (twice, same
+/// dedup key), it is delivered exactly once by a running engine that polls
+/// the shared file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_leaves_nothing_and_commit_delivers_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("app.db");
+    let store = mailroom::open_store(&format!("sqlite://{}", path.display()), true)
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    let delivered: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let engine = Engine::builder(store.clone())
+        .topic(TopicSpec::new("orders"))
+        .poll_interval(Duration::from_millis(100))
+        .handler("orders", {
+            let delivered = delivered.clone();
+            handler_fn(move |e: Event| {
+                let delivered = delivered.clone();
+                async move {
+                    delivered.lock().expect("lock").push(e);
+                    Outcome::Success
+                }
+            })
+        })
+        .build()
+        .expect("engine");
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run(shutdown).await }
+    });
+
+    let mut conn = rusqlite::Connection::open(&path).expect("app connection");
+    conn.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    conn.execute("CREATE TABLE app_orders (id TEXT PRIMARY KEY)", [])
+        .expect("app table");
+    {
+        let tx = conn.transaction().expect("tx");
+        app_insert(&tx, "order-1");
+        tx.rollback().expect("rollback");
+    }
+    for _ in 0..2 {
+        let tx = conn.transaction().expect("tx");
+        tx.execute("DELETE FROM app_orders", []).expect("reset");
+        app_insert(&tx, "order-2");
+        tx.commit().expect("commit");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while delivered.lock().expect("lock").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the committed outbox event was not delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    let delivered = delivered.lock().expect("lock").clone();
+    assert_eq!(delivered.len(), 1, "delivered once");
+    let e = &delivered[0];
+    assert_eq!(
+        (e.topic.as_str(), e.source.as_str(), e.dedup_key.as_str()),
+        ("orders", "outbox", "order-2")
+    );
+    assert_eq!(e.key.as_deref(), Some("customer-7"));
+    assert_eq!(e.event_type.as_deref(), Some("order.created"));
+    assert_eq!(e.payload.as_deref(), Some(&br#"{"order":"order-2"}"#[..]));
+    assert_eq!(e.to_json(false)["payload"]["order"], "order-2");
+    let all = store
+        .list(&mailroom::ListFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(all.events.len(), 1, "the rolled-back event must not exist");
+}
