@@ -38,4 +38,5 @@ pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy};
 pub use store::{
     ClaimRequest, Inserted, KeyCursor, ListFilter, Page, PurgeReport, Retention, Store, TopicStats,
+    TopicStream,
 };

@@ -177,4 +177,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// The store's clock.
     async fn now(&self) -> Result<Timestamp>;
+
+    /// Topics that received new events, announced by the database itself
+    /// (PostgreSQL `LISTEN/NOTIFY`), so idle dispatchers of every instance
+    /// wake within milliseconds. `None` (the default) means the backend
+    /// cannot tell: dispatchers rely on in-process wake-ups and polling.
+    fn notifications(&self) -> Option<TopicStream> {
+        None
+    }
+
+    /// Tries to hold the lease named `role` (e.g. `"maintenance"`) for
+    /// `ttl` as `holder`, renewing it if `holder` already has it. Exactly one
+    /// holder at a time gets `true`, so periodic work (lease rescue,
+    /// retention, alerts) runs on one elected instance. The default, for
+    /// single-process stores, always grants it.
+    async fn try_lead(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        let _ = (role, holder, ttl);
+        Ok(true)
+    }
 }
+
+/// A stream of topic names (see [`Store::notifications`]).
+pub type TopicStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = String> + Send>>;

@@ -584,8 +584,16 @@ impl Engine {
             self.inner.topics.values().cloned().collect(),
             self.inner.retention,
             self.inner.maintenance_period,
+            self.inner.worker.clone(),
             shutdown.clone(),
         ));
+        if let Some(stream) = self.inner.store.notifications() {
+            tasks.spawn(crate::dispatch::run_notifications(
+                stream,
+                self.inner.topics.clone(),
+                shutdown.clone(),
+            ));
+        }
         tasks.spawn(crate::observe::run_gauges(
             self.inner.store.clone(),
             shutdown.clone(),

@@ -213,16 +213,60 @@ pub(crate) fn record_outcome(
     }
 }
 
-/// Lease rescue on a short period; retention less often.
+/// Wakes topic loops when the store announces commits from any instance.
+pub(crate) async fn run_notifications(
+    mut stream: mailroom_core::TopicStream,
+    topics: std::collections::HashMap<String, Arc<TopicRuntime>>,
+    shutdown: CancellationToken,
+) {
+    use futures::StreamExt;
+    loop {
+        tokio::select! {
+            next = stream.next() => match next {
+                Some(topic) => {
+                    if let Some(t) = topics.get(&topic) {
+                        t.wake.notify_one();
+                    }
+                }
+                None => break,
+            },
+            () = shutdown.cancelled() => break,
+        }
+    }
+}
+
+/// Lease rescue on a short period; retention less often. With several
+/// instances on one database, only the holder of the `maintenance` lease
+/// (renewed every period, expiring after a few) does the work.
 pub(crate) async fn run_maintenance(
     store: Arc<dyn Store>,
     topics: Vec<Arc<TopicRuntime>>,
     retention: mailroom_core::Retention,
     period: Duration,
+    worker: String,
     shutdown: CancellationToken,
 ) {
     let mut last_purge: Option<Instant> = None;
+    let ttl = (period * 5).max(Duration::from_secs(5));
     loop {
+        match store.try_lead("maintenance", &worker, ttl).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tokio::select! {
+                    () = tokio::time::sleep(period) => {}
+                    () = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+            Err(e) => {
+                warn!(error = %e, "maintenance election failed");
+                tokio::select! {
+                    () = tokio::time::sleep(period) => {}
+                    () = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+        }
         match store.rescue_expired().await {
             Ok(0) => {}
             Ok(n) => {
