@@ -96,7 +96,7 @@ struct ServeArgs {
     db: PathBuf,
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
-    #[arg(long, value_parser = parse_on_off, default_value = "true")]
+    #[arg(long, value_parser = parse_on_off, default_value = "true", action = clap::ArgAction::Set)]
     group_commit: bool,
     #[arg(long)]
     no_metrics: bool,
