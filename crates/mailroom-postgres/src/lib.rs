@@ -10,6 +10,8 @@
 //! - `writer`: group commit for inserts. Concurrent inserts queue up and go
 //!   to the database as one multi-row `INSERT ... ON CONFLICT DO NOTHING` in
 //!   one transaction with one commit; callers are answered after it.
+//!   `completer` does the same for completions (one fenced `UPDATE ... FROM
+//!   UNNEST` per group).
 //! - `sql`: the SQL of every operation, including the race-free per-key
 //!   claim of sequential topics. `schema`: versioned migrations applied under
 //!   a transaction-scoped advisory lock, including the outbox SQL function
@@ -24,6 +26,7 @@
 //! Durability: connections run with `synchronous_commit = on`, so a method
 //! that returns `Ok` has been flushed to the WAL (SPEC §2.1).
 
+mod completer;
 mod listen;
 mod options;
 pub mod outbox;

@@ -1,5 +1,6 @@
 //! [`PostgresStore`]: the [`Store`] trait over one PostgreSQL database.
 
+use crate::completer::Completer;
 use crate::options::PostgresOptions;
 use crate::sql::{self, db};
 use crate::writer::Writer;
@@ -31,6 +32,8 @@ pub struct PostgresStore {
 struct Inner {
     pool: PgPool,
     writer: Writer,
+    /// `None` without group commit: each completion is its own statement.
+    completer: Option<Completer>,
     notify: broadcast::Sender<String>,
     listener: Option<JoinHandle<()>>,
 }
@@ -71,10 +74,14 @@ impl PostgresStore {
         };
         let group = if opts.group_commit { opts.max_batch } else { 1 };
         let writer = Writer::start(pool.clone(), group, opts.queue_capacity);
+        let completer = opts
+            .group_commit
+            .then(|| Completer::start(pool.clone(), opts.max_batch, opts.queue_capacity));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 writer,
+                completer,
                 notify,
                 listener,
             }),
@@ -130,7 +137,10 @@ impl Store for PostgresStore {
         token: FencingToken,
         completion: Completion,
     ) -> Result<()> {
-        sql::complete(self.pool_ref(), id, token, &completion).await
+        match &self.inner.completer {
+            Some(completer) => completer.complete(id, token, completion).await,
+            None => sql::complete(self.pool_ref(), id, token, &completion).await,
+        }
     }
 
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp> {
