@@ -130,6 +130,14 @@ const MIGRATIONS: &[&str] = &[
         SELECT mailroom.enqueue_with_id(mailroom.uuid_v7(), $1, $2, $3, $4, $5, $6)
     $$;
     "#,
+    // 2: leases for electing the one instance that runs maintenance.
+    r#"
+    CREATE TABLE mailroom.leaders (
+        role        text        PRIMARY KEY,              -- e.g. 'maintenance'
+        holder      text        NOT NULL,                 -- the instance's worker name
+        lease_until timestamptz NOT NULL
+    );
+    "#,
 ];
 
 /// Applies the missing migrations in one transaction that first takes

@@ -772,3 +772,29 @@ pub(crate) async fn purge(pool: &PgPool, retention: Retention) -> Result<PurgeRe
     }
     Ok(report)
 }
+
+/// Takes or renews the lease on `role` for `holder`. `ON CONFLICT DO UPDATE`
+/// locks the existing row and re-evaluates its `WHERE` on the newest version,
+/// so of several instances racing for an expired lease exactly one gets it.
+pub(crate) async fn try_lead(
+    pool: &PgPool,
+    role: &str,
+    holder: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    let won: Option<String> = sqlx::query_scalar(
+        "INSERT INTO mailroom.leaders AS l (role, holder, lease_until)
+         VALUES ($1, $2, now() + $3 * interval '1 microsecond')
+         ON CONFLICT (role) DO UPDATE
+             SET holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until
+             WHERE l.holder = EXCLUDED.holder OR l.lease_until < now()
+         RETURNING holder",
+    )
+    .bind(role)
+    .bind(holder)
+    .bind(micros(ttl))
+    .fetch_optional(pool)
+    .await
+    .map_err(db("electing a leader"))?;
+    Ok(won.is_some())
+}

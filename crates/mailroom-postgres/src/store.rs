@@ -7,7 +7,7 @@ use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
     ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
-    NewEvent, Page, PurgeReport, Result, Retention, Store, TopicStats,
+    NewEvent, Page, PurgeReport, Result, Retention, Store, TopicStats, TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -185,5 +185,26 @@ impl Store for PostgresStore {
 
     async fn now(&self) -> Result<Timestamp> {
         sql::now(self.pool_ref()).await
+    }
+
+    /// The topics `LISTEN mailroom_events` reports, from every instance and
+    /// outbox transaction; [`ANY_TOPIC`](crate::ANY_TOPIC) when some may
+    /// have been missed (reconnect, or this subscriber lagged behind).
+    fn notifications(&self) -> Option<TopicStream> {
+        self.inner.listener.as_ref()?;
+        let stream = futures::stream::unfold(self.subscribe(), |mut rx| async move {
+            match rx.recv().await {
+                Ok(topic) => Some((topic, rx)),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    Some((crate::ANY_TOPIC.to_owned(), rx))
+                }
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        });
+        Some(Box::pin(stream))
+    }
+
+    async fn try_lead(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        sql::try_lead(self.pool_ref(), role, holder, ttl).await
     }
 }

@@ -422,3 +422,39 @@ async fn outages_are_unavailable_and_the_pool_recovers() {
         2
     );
 }
+
+/// `Store::notifications` streams the topics other instances insert into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_stream_topics_from_other_instances() {
+    use futures::StreamExt;
+    let (url, store) = fresh(true).await;
+    let mut stream = store.notifications().expect("postgres announces commits");
+    let other = store_at(&url, true).await;
+    other.insert(event("orders", "e1", None)).await.unwrap();
+    let topic = tokio::time::timeout(Duration::from_millis(100), stream.next())
+        .await
+        .expect("within 100 ms");
+    assert_eq!(topic.as_deref(), Some("orders"));
+}
+
+/// Of two instances, one leads at a time; the leader renews, and the other
+/// takes over once the lease has expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_leads_at_a_time() {
+    let (url, a) = fresh(true).await;
+    let b = store_at(&url, true).await;
+    let ttl = Duration::from_millis(300);
+    assert!(a.try_lead("maintenance", "a", ttl).await.unwrap());
+    assert!(!b.try_lead("maintenance", "b", ttl).await.unwrap());
+    assert!(
+        a.try_lead("maintenance", "a", ttl).await.unwrap(),
+        "renewal"
+    );
+    assert!(b.try_lead("other-role", "b", ttl).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        b.try_lead("maintenance", "b", ttl).await.unwrap(),
+        "takeover after expiry"
+    );
+    assert!(!a.try_lead("maintenance", "a", ttl).await.unwrap());
+}
