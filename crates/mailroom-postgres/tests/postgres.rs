@@ -458,3 +458,66 @@ async fn one_instance_leads_at_a_time() {
     );
     assert!(!a.try_lead("maintenance", "a", ttl).await.unwrap());
 }
+
+/// The race the per-key lock closes, made deterministic: while another
+/// connection's claim of a key's head (A2) is still uncommitted, an earlier
+/// event of the key (A1) is replayed. On this claim's snapshot A2 still looks
+/// pending and A1 looks like the head, so without the lock it would start A1
+/// while A2 runs. Holding the key's claim lock, as every claim does, makes
+/// this claim pass the key over instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_flight_on_another_connection_holds_its_key() {
+    let (url, store) = fresh(true).await;
+    let a1 = store
+        .insert(event("seq", "a1", Some("A")))
+        .await
+        .unwrap()
+        .id;
+    let a2 = store
+        .insert(event("seq", "a2", Some("A")))
+        .await
+        .unwrap()
+        .id;
+    let r = claim_req("seq", 10, Some(OnDead::Block));
+    let c = store.claim(&r).await.unwrap();
+    store
+        .complete(a1, c[0].token, Completion::Done)
+        .await
+        .unwrap();
+
+    // Another instance's claim of A2, caught between its UPDATE and COMMIT:
+    // the key lock (class "mrky", hashtext(topic || chr(31) || key)) and the
+    // row change, both uncommitted.
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1836215161, hashtext('seq' || chr(31) || 'A'))")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE mailroom.events SET status = 'running', attempts = attempts + 1,
+             lease_until = now() + interval '30 seconds', next_attempt_at = NULL
+         WHERE id = $1::text::uuid",
+    )
+    .bind(a2.to_string())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+
+    store.replay(a1, 1).await.unwrap();
+    assert!(
+        store.claim(&r).await.unwrap().is_empty(),
+        "key A is being claimed elsewhere"
+    );
+    tx.commit().await.unwrap();
+    assert!(
+        store.claim(&r).await.unwrap().is_empty(),
+        "A2 runs, so A1 waits"
+    );
+    let running = ListFilter {
+        status: Some(Status::Running),
+        ..ListFilter::default()
+    };
+    let running = store.list(&running).await.unwrap().events;
+    assert_eq!(running.iter().map(|e| e.id).collect::<Vec<_>>(), vec![a2]);
+}
