@@ -38,6 +38,8 @@ pub struct DrainResult {
     pub drain_commits: u64,
     pub done: u64,
     pub handled: u64,
+    /// Bytes sent to the disk while draining.
+    pub drain_write_bytes: u64,
     /// Highest VmRSS sampled while draining, MiB.
     pub drain_peak_rss_mib: f64,
     /// VmHWM of the process at the end (preload included), MiB.
@@ -105,6 +107,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
     let rss = tokio::spawn(procfs::sample_rss("self".into(), stop_rss.clone()));
     let cpu_before = procfs::threads_cpu("self");
     let commits_before = sqlite.commits();
+    let written_before = procfs::io_counter("self", "write_bytes").unwrap_or(0);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let runner = {
@@ -135,6 +138,9 @@ pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
     let drain = started.elapsed();
     let cpu = procfs::cpu_share(&cpu_before, &procfs::threads_cpu("self"), drain);
     let drain_commits = sqlite.commits() - commits_before;
+    let drain_write_bytes = procfs::io_counter("self", "write_bytes")
+        .unwrap_or(0)
+        .saturating_sub(written_before);
     shutdown.cancel();
     runner.await?;
     stop_rss.cancel();
@@ -155,6 +161,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
         drain_secs: drain.as_secs_f64(),
         events_per_sec: s.events as f64 / drain.as_secs_f64(),
         drain_commits,
+        drain_write_bytes,
         done,
         handled: handled.load(Ordering::Relaxed),
         drain_peak_rss_mib: procfs::mib(peak.sampled_max),
@@ -183,6 +190,11 @@ pub fn print_table(s: &Settings, r: &DrainResult) {
         r.drain_commits,
         // Each event needs one completion, plus roughly one claim per batch.
         r.events as f64 / r.drain_commits.max(1) as f64,
+    );
+    println!(
+        "  disk     {:.1} MiB written while draining, {:.1} KiB per commit",
+        procfs::mib(r.drain_write_bytes),
+        r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
     );
     println!(
         "  RSS      peak while draining {:.1} MiB, VmHWM (whole run, preload included) {:.1} MiB",

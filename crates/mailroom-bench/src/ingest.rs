@@ -57,6 +57,11 @@ pub struct ModeResult {
     pub stored: u64,
     /// SQLite write transactions over the whole run.
     pub commits: u64,
+    /// Bytes mailroom handed to `write` calls over the whole run (WAL,
+    /// checkpoints, sockets).
+    pub wchar: u64,
+    /// Bytes mailroom sent to the disk over the whole run.
+    pub write_bytes: u64,
     /// Highest VmRSS sampled every 100 ms, MiB.
     pub peak_rss_mib: f64,
     /// VmHWM at the end, MiB.
@@ -331,6 +336,7 @@ async fn run_http(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult
     stop_rss.cancel();
     let peak = rss.await?;
     let hwm = procfs::status_bytes(&pid, "VmHWM").unwrap_or(0);
+    let io = Io::read(&pid);
 
     // Stop mailroom gracefully and collect its commit count.
     drop(child.stdin.take());
@@ -352,6 +358,7 @@ async fn run_http(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult
         total,
         stored,
         commits,
+        io,
         peak.sampled_max,
         hwm,
         mailroom_cpu,
@@ -431,6 +438,7 @@ async fn run_direct(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResu
     stop_rss.cancel();
     let peak = rss.await?;
     let hwm = procfs::status_bytes("self", "VmHWM").unwrap_or(0);
+    let io = Io::read("self");
     let commits = sqlite.commits();
     drop(engine);
     drop(sqlite);
@@ -441,11 +449,28 @@ async fn run_direct(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResu
         total,
         stored,
         commits,
+        io,
         peak.sampled_max,
         hwm,
         cpu,
         f64::NAN,
     ))
+}
+
+/// I/O counters of a process so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct Io {
+    wchar: u64,
+    write_bytes: u64,
+}
+
+impl Io {
+    fn read(pid: &str) -> Self {
+        Self {
+            wchar: procfs::io_counter(pid, "wchar").unwrap_or(0),
+            write_bytes: procfs::io_counter(pid, "write_bytes").unwrap_or(0),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -455,6 +480,7 @@ fn finish(
     mut total: TaskStats,
     stored: u64,
     commits: u64,
+    io: Io,
     peak_rss: u64,
     hwm: u64,
     mailroom_cpu: BTreeMap<String, f64>,
@@ -476,6 +502,8 @@ fn finish(
         errors: total.errors,
         stored,
         commits,
+        wchar: io.wchar,
+        write_bytes: io.write_bytes,
         peak_rss_mib: procfs::mib(peak_rss),
         hwm_mib: procfs::mib(hwm),
         mailroom_cpu,
@@ -572,6 +600,13 @@ pub fn print_table(s: &Settings, results: &[ModeResult]) {
                 r.mode, r.duplicates, r.errors
             );
         }
+        println!(
+            "  {}: {:.1} KiB written to disk per commit ({:.1} MiB in all; {:.1} MiB passed to write calls)",
+            r.mode,
+            r.write_bytes as f64 / 1024.0 / r.commits.max(1) as f64,
+            procfs::mib(r.write_bytes),
+            procfs::mib(r.wchar),
+        );
         println!(
             "  {}: durability {} ({} acked in total, {} stored)",
             r.mode,

@@ -18,6 +18,16 @@ pub fn status_bytes(pid: &str, field: &str) -> Option<u64> {
     })
 }
 
+/// A field of `/proc/<pid>/io` (e.g. `write_bytes`: bytes sent to the
+/// block layer; `wchar`: bytes passed to write calls).
+pub fn io_counter(pid: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+        rest.trim().parse().ok()
+    })
+}
+
 /// `(comm, utime + stime)` of one `/proc/.../stat` file.
 fn stat_ticks(path: &str) -> Option<(String, u64)> {
     let text = std::fs::read_to_string(path).ok()?;
