@@ -223,6 +223,9 @@ pub(crate) async fn run_notifications(
     loop {
         tokio::select! {
             next = stream.next() => match next {
+                // "*": notifications may have been missed (the listener
+                // reconnected, or we fell behind): wake every topic.
+                Some(topic) if topic == "*" => topics.values().for_each(|t| t.wake.notify_one()),
                 Some(topic) => {
                     if let Some(t) = topics.get(&topic) {
                         t.wake.notify_one();
