@@ -490,6 +490,27 @@ impl Engine {
         Ok(total)
     }
 
+    /// Per-topic numbers, with `blocked_keys` counted only where a dead head
+    /// really blocks its key (sequential topics with `on_dead = "block"`):
+    /// the store cannot know a topic's mode.
+    pub async fn stats(&self) -> Result<Vec<mailroom_core::TopicStats>, StoreError> {
+        let mut stats = self.inner.store.stats().await?;
+        for s in &mut stats {
+            let blocks = self.inner.topics.get(&s.topic).is_some_and(|t| {
+                matches!(
+                    t.spec.mode,
+                    mailroom_core::Mode::Sequential {
+                        on_dead: mailroom_core::OnDead::Block
+                    }
+                )
+            });
+            if !blocks {
+                s.blocked_keys = 0;
+            }
+        }
+        Ok(stats)
+    }
+
     /// Records a pull worker's verdict on its claim (`ack` / `nack`): the
     /// outcome is resolved by the topic's retry policy exactly as for built-in
     /// handlers, and stored only if `token` is still the current one.

@@ -4,17 +4,17 @@
 //! topic and status only, never event ids. This crate only calls the
 //! `metrics` macros; the binary installs the exporter.
 
-use mailroom_core::{Status, Store};
-use std::sync::Arc;
+use crate::Engine;
+use mailroom_core::Status;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How often gauges are refreshed.
 const PERIOD: Duration = Duration::from_secs(5);
 
-pub(crate) async fn run_gauges(store: Arc<dyn Store>, shutdown: CancellationToken) {
+pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
     loop {
-        if let Ok(stats) = store.stats().await {
+        if let Ok(stats) = engine.stats().await {
             let now = jiff::Timestamp::now();
             for s in stats {
                 for status in Status::ALL {
