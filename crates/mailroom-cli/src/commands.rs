@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 /// `RUST_LOG`, default `info`.
 pub fn init_logging(format: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -300,6 +300,8 @@ async fn serve(config: Config) -> Result<()> {
         mailroom_server::ServerOptions {
             api_tokens: tokens,
             metrics: Some(render),
+            // The documented defaults; `serve` applies the same connection limits.
+            limits: mailroom_server::limits::Limits::default(),
         },
     );
     let server = mailroom_server::serve(listener, router, shutdown.clone());

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/events", get(list))
+        .route("/events", get(list).post(crate::idempotency::create))
         .route("/events/{id}", get(show))
         .route("/events/{id}/replay", post(replay))
         .route("/events/{id}/skip", post(skip))

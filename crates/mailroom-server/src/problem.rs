@@ -36,6 +36,17 @@ impl Problem {
         Self::new(StatusCode::NOT_FOUND, "Not Found", detail)
     }
 
+    /// Adds `Retry-After: secs`.
+    pub fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// The status it answers with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// 503 with `Retry-After`.
     pub fn unavailable(detail: impl Into<String>) -> Self {
         let mut p = Self::new(

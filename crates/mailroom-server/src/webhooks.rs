@@ -1,14 +1,15 @@
-//! `POST /webhooks/{source}` (SPEC §6): the body is read up to the source's
-//! `max_body`, verified, deduplicated and committed; only then is the sender
-//! answered `200 {"id", "duplicate"}`.
+//! `POST /webhooks/{source}` (SPEC §6): the source's rate limit is checked,
+//! the body is read up to the source's `max_body` within the body deadline,
+//! verified, deduplicated and committed; only then is the sender answered
+//! `200 {"id", "duplicate"}`.
 
 use crate::AppState;
+use crate::limits::{read_body, too_many_requests};
 use crate::problem::Problem;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use http_body_util::{BodyExt, Limited};
 use mailroom::intake::IntakeError;
 
 /// Receives one webhook.
@@ -18,6 +19,15 @@ pub async fn receive(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<serde_json::Value>, Problem> {
+    // Before the body is read, so an over-limit sender costs almost nothing.
+    // Every request counts, signed or not: the limit protects the store.
+    if let Some(limit) = s.engine.source(&source).and_then(|spec| spec.rate_limit) {
+        if let Err(wait) = s.rate.take(&source, limit) {
+            metrics::counter!("mailroom_rate_limited_total", "source" => source.clone())
+                .increment(1);
+            return Err(too_many_requests(&source, wait));
+        }
+    }
     let limit = s.engine.max_body(&source);
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -26,20 +36,10 @@ pub async fn receive(
     if declared.is_some_and(|n| n > limit) {
         return Err(IntakeError::TooLarge { limit }.into());
     }
-    let bytes = match Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(IntakeError::TooLarge { limit }.into());
-        }
-        Err(e) => {
-            return Err(Problem::bad_request(format!(
-                "could not read the body: {e}"
-            )));
-        }
-    };
+    let bytes = read_body(body, limit, s.options.limits.body_read_timeout, || {
+        IntakeError::TooLarge { limit }.into()
+    })
+    .await?;
     let inserted = s.engine.ingest_webhook(&source, &headers, bytes).await.map_err(|e| {
         if let IntakeError::Unauthorized(v) = &e {
             metrics::counter!("mailroom_verification_failures_total", "source" => source.clone(), "reason" => v.reason())

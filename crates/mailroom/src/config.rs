@@ -231,7 +231,8 @@ pub struct SourceConfig {
     pub max_body: Option<ByteSize>,
     /// AMQP source settings.
     pub amqp: Option<toml::Value>,
-    /// Per-source rate limit, e.g. `"1000/s"`.
+    /// Per-source rate limit, `"<n>/s"`, `"<n>/m"` or `"<n>/h"`, e.g.
+    /// `"1000/s"`; requests beyond it get 429 with `Retry-After`.
     pub rate_limit: Option<String>,
 }
 

@@ -247,6 +247,41 @@ pub struct SourceSpec {
     pub verifier: Option<mailroom_signatures::Verifier>,
     /// Largest accepted body in bytes.
     pub max_body: u64,
+    /// Requests accepted per time unit (`rate_limit = "1000/s"`); `None`: unlimited.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A source's request budget, `"<n>/s"`, `"<n>/m"` or `"<n>/h"`, enforced by
+/// the server as a token bucket holding at most `requests` (so a burst of
+/// one period is allowed) and refilled at `requests / per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Requests per period (at least 1).
+    pub requests: u32,
+    /// The period.
+    pub per: Duration,
+}
+
+impl std::str::FromStr for RateLimit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("{s:?} is not a rate: write \"<n>/s\", \"<n>/m\" or \"<n>/h\", e.g. \"1000/s\"")
+        };
+        let (n, unit) = s.trim().split_once('/').ok_or_else(bad)?;
+        let requests: u32 = n.trim().parse().map_err(|_| bad())?;
+        let per = match unit.trim() {
+            "s" | "sec" | "second" => Duration::from_secs(1),
+            "m" | "min" | "minute" => Duration::from_secs(60),
+            "h" | "hour" => Duration::from_secs(3600),
+            _ => return Err(bad()),
+        };
+        if requests == 0 {
+            return Err(format!("{s:?}: the number of requests must be at least 1"));
+        }
+        Ok(RateLimit { requests, per })
+    }
 }
 
 /// Default `max_body`: 1 MiB.
@@ -263,6 +298,7 @@ impl SourceSpec {
             key: None,
             verifier: None,
             max_body: DEFAULT_MAX_BODY,
+            rate_limit: None,
         }
     }
 
@@ -296,11 +332,36 @@ impl SourceSpec {
             key: field(&s.key, "key")?,
             verifier: None,
             max_body: s.max_body.map(|b| b.0).unwrap_or(DEFAULT_MAX_BODY),
+            rate_limit: s
+                .rate_limit
+                .as_deref()
+                .map(|r| r.parse().map_err(|m| cfg.invalid(at("rate_limit"), m)))
+                .transpose()?,
         };
         if spec.max_body == 0 {
             return Err(cfg.invalid(at("max_body"), "must be more than 0"));
         }
         crate::intake::verify::configure(&mut spec, s, &at, cfg)?;
         Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limits_parse_per_second_minute_and_hour() {
+        let r: RateLimit = "1000/s".parse().unwrap();
+        assert_eq!((r.requests, r.per), (1000, Duration::from_secs(1)));
+        let r: RateLimit = " 60 / m ".parse().unwrap();
+        assert_eq!((r.requests, r.per), (60, Duration::from_secs(60)));
+        assert_eq!(
+            "5/h".parse::<RateLimit>().unwrap().per,
+            Duration::from_secs(3600)
+        );
+        for bad in ["", "1000", "0/s", "-1/s", "x/s", "10/d", "1.5/s"] {
+            assert!(bad.parse::<RateLimit>().is_err(), "{bad:?}");
+        }
     }
 }

@@ -1,0 +1,273 @@
+//! `POST /v1/events` (SPEC §6 "API", §12), with the semantics of the IETF
+//! draft "The Idempotency-Key HTTP Header Field"
+//! (draft-ietf-httpapi-idempotency-key-header):
+//!
+//! - the first request with a key stores the event and answers 201 with the
+//!   event object;
+//! - a repeat with the same body answers the stored answer again (201, same
+//!   body) with `Idempotent-Replayed: true`;
+//! - a repeat with a different body answers 422;
+//! - a repeat while the first is still being committed answers 409;
+//! - no key answers 400.
+//!
+//! Keys are scoped per API token: the event's `source` is
+//! `api:<first 16 hex digits of sha256(token)>` (`api` when no token is
+//! configured) and its `dedup_key` is the key, so the store's unique
+//! (source, dedup key) constraint is what makes a key stick. Nothing besides
+//! the event is stored: "the same body" means the same topic, type, key,
+//! correlation and causation ids and payload as the stored event.
+//!
+//! Only declared topics are accepted (unknown topic: 400): an API event for a
+//! topic that has no runtime would sit pending forever, and unlike a webhook
+//! source an API caller can be told so.
+
+use crate::AppState;
+use crate::limits::read_body;
+use crate::problem::Problem;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode};
+use mailroom::intake::MAX_FIELD_LEN;
+use mailroom::{Draft, Event, Mode, Status};
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+/// The header that says an answer is a replay of a stored one.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// Body of `POST /v1/events`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateEvent {
+    topic: String,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    key: Option<String>,
+    #[serde(default)]
+    payload: Option<Value>,
+    correlation_id: Option<String>,
+    causation_id: Option<String>,
+}
+
+/// (scope, key) pairs whose first request is being committed by this
+/// instance. Each entry belongs to one request in flight, so the set is
+/// bounded by the concurrent request limit.
+///
+/// This is a per-instance courtesy that lets a client tell "still working"
+/// (409) from "done" (201): across instances the store's unique (source,
+/// dedup key) constraint still guarantees exactly one event, and a duplicate
+/// that races past this set is answered from the stored event.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight(Mutex<HashSet<(String, String)>>);
+
+struct InFlightGuard<'a> {
+    set: &'a InFlight,
+    entry: (String, String),
+}
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
+        // A poisoned set is still a valid set of keys.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter(&self, scope: &str, key: &str) -> Option<InFlightGuard<'_>> {
+        let entry = (scope.to_string(), key.to_string());
+        let fresh = self.lock().insert(entry.clone());
+        // Only the request that inserted the entry may remove it (on drop);
+        // `then_some` would build and drop a guard while the lock is held.
+        if fresh {
+            Some(InFlightGuard { set: self, entry })
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.entry);
+    }
+}
+
+/// The key of a request: the draft makes it an sf-string (`"abc"`); the bare
+/// form that most clients send (`abc`) is accepted too.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
+    let raw = headers
+        .get("idempotency-key")
+        .ok_or_else(|| Problem::bad_request("the Idempotency-Key header is required"))?
+        .to_str()
+        .map_err(|_| Problem::bad_request("Idempotency-Key must be visible ASCII"))?
+        .trim();
+    let key = raw
+        .strip_prefix('"')
+        .and_then(|k| k.strip_suffix('"'))
+        .unwrap_or(raw);
+    if key.is_empty() {
+        return Err(Problem::bad_request("Idempotency-Key must not be empty"));
+    }
+    if key.len() > MAX_FIELD_LEN {
+        return Err(Problem::bad_request(format!(
+            "Idempotency-Key is longer than {MAX_FIELD_LEN} bytes"
+        )));
+    }
+    Ok(key.to_string())
+}
+
+/// `api:<16 hex of sha256(token)>` for the bearer token the auth layer
+/// accepted, `api` when no tokens are configured.
+fn scope(s: &AppState, headers: &HeaderMap) -> String {
+    if s.options.api_tokens.is_empty() {
+        return "api".into();
+    }
+    let token = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or_default();
+    let digest = hex::encode(Sha256::digest(token.as_bytes()));
+    format!("api:{}", &digest[..16])
+}
+
+fn check_field(name: &str, v: &Option<String>) -> Result<(), Problem> {
+    match v {
+        Some(v) if v.is_empty() || v.len() > MAX_FIELD_LEN => Err(Problem::bad_request(format!(
+            "{name} must be 1 to {MAX_FIELD_LEN} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The event object as it was committed (SPEC §12): both the first answer
+/// and every replay are built by this one function from the stored row, so
+/// a replay answers exactly the original status and body even after the
+/// event was processed.
+fn as_committed(mut event: Event, max_attempts: u32) -> Value {
+    event.status = Status::Pending;
+    event.attempts = 0;
+    event.max_attempts = max_attempts;
+    event.next_attempt_at = Some(event.received_at);
+    event.last_error = None;
+    event.lease_until = None;
+    event.history.clear();
+    event.to_json(false)
+}
+
+fn created(body: Value, replayed: bool) -> Response {
+    let mut resp = (StatusCode::CREATED, axum::Json(body)).into_response();
+    if replayed {
+        resp.headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+/// `POST /v1/events`.
+pub(crate) async fn create(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let key = idempotency_key(&headers)?;
+    let limit = s.options.limits.api_max_body;
+    let bytes = read_body(body, limit, s.options.limits.body_read_timeout, || {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Payload Too Large",
+            format!("the body exceeds {limit} bytes"),
+        )
+    })
+    .await?;
+    let req: CreateEvent = serde_json::from_slice(&bytes)
+        .map_err(|e| Problem::bad_request(format!("invalid body: {e}")))?;
+    let topic = s
+        .engine
+        .topic(&req.topic)
+        .ok_or_else(|| Problem::bad_request(format!("unknown topic {:?}", req.topic)))?;
+    for (name, v) in [
+        ("type", &req.event_type),
+        ("key", &req.key),
+        ("correlation_id", &req.correlation_id),
+        ("causation_id", &req.causation_id),
+    ] {
+        check_field(name, v)?;
+    }
+    let payload = match req.payload {
+        None | Some(Value::Null) => {
+            return Err(Problem::bad_request(
+                "payload is required (any JSON but null)",
+            ));
+        }
+        // Stored as serde_json writes the parsed value, so the same JSON
+        // re-sent with other whitespace compares equal on a repeat.
+        Some(v) => serde_json::to_vec(&v).map_err(|e| Problem::bad_request(e.to_string()))?,
+    };
+    let key_or_default = req.key.clone().or_else(|| topic.default_key.clone());
+    if key_or_default.is_none() && matches!(topic.mode, Mode::Sequential { .. }) {
+        return Err(Problem::bad_request(format!(
+            "sequential topic {:?} needs a key",
+            topic.name
+        )));
+    }
+    let max_attempts = topic.retry.max_attempts;
+    let scope = scope(&s, &headers);
+
+    let Some(guard) = s.inflight.enter(&scope, &key) else {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "a request with this Idempotency-Key is still being processed; retry shortly",
+        )
+        .retry_after(1));
+    };
+    let mut draft = Draft::bytes(req.topic.clone(), payload.clone())
+        .content_type("application/json")
+        .dedup_key(key)
+        .source(scope);
+    if let Some(v) = &req.event_type {
+        draft = draft.event_type(v.clone());
+    }
+    if let Some(v) = &req.key {
+        draft = draft.key(v.clone());
+    }
+    if let Some(v) = &req.correlation_id {
+        draft = draft.correlation_id(v.clone());
+    }
+    if let Some(v) = &req.causation_id {
+        draft = draft.causation_id(v.clone());
+    }
+    let inserted = s.engine.enqueue(draft).await?;
+    drop(guard);
+    let stored =
+        s.engine.store().get(inserted.id).await?.ok_or_else(|| {
+            Problem::unavailable("the event was stored but could not be read back")
+        })?;
+    if inserted.duplicate {
+        let same = stored.topic == req.topic
+            && stored.event_type == req.event_type
+            && stored.key == key_or_default
+            && stored.correlation_id == req.correlation_id
+            && stored.causation_id == req.causation_id
+            // Purged by retention: the envelope matched, so it is a repeat.
+            && stored.payload.as_deref().is_none_or(|p| p == payload.as_slice());
+        if !same {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Unprocessable Content",
+                "this Idempotency-Key was already used with a different request body",
+            ));
+        }
+    }
+    Ok(created(
+        as_committed(stored, max_attempts),
+        inserted.duplicate,
+    ))
+}

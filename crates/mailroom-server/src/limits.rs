@@ -1,0 +1,240 @@
+//! Load shedding, so a server facing the internet keeps answering and never
+//! grows without bound (SPEC §2.5 "Bounded everything"):
+//!
+//! - per connection (in [`serve_with`](crate::serve_with)): a header read
+//!   timeout, a cap on header count and size, a cap on open connections;
+//! - per request: a whole-body read deadline ([`read_body`], 408) and a cap on
+//!   requests in flight, beyond which requests are refused at once with 503
+//!   and `Retry-After` instead of queueing;
+//! - per source: an optional token bucket (`rate_limit = "1000/s"`, 429);
+//! - per store: the bounded group-commit queue (`StoreError::Overloaded`, 503).
+
+use crate::problem::Problem;
+use axum::body::Body;
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Limited};
+use mailroom::topology::RateLimit;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Server limits. Every field has a documented default ([`Limits::default`]).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Requests handled at once; more are refused with 503 + `Retry-After`
+    /// (never queued). Default 1024.
+    pub max_concurrent_requests: usize,
+    /// Open connections; beyond it new ones wait in the kernel's accept
+    /// backlog. Default 4096.
+    pub max_connections: usize,
+    /// Time a client has to send the request line and headers; then the
+    /// connection is closed. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// Time a client has to send the whole body once its headers arrived;
+    /// then 408. Default 10 s.
+    pub body_read_timeout: Duration,
+    /// Headers per request; more get 431. Default 100.
+    pub max_headers: usize,
+    /// Bytes of request line plus headers; more get 431. Default 16 KiB.
+    pub max_header_bytes: usize,
+    /// Largest `POST /v1/events` body (webhooks use each source's `max_body`).
+    /// Default 1 MiB.
+    pub api_max_body: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_concurrent_requests: 1024,
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            max_headers: 100,
+            max_header_bytes: 16 * 1024,
+            api_max_body: 1024 * 1024,
+        }
+    }
+}
+
+/// Reads a whole body of at most `limit` bytes within `deadline`, so neither
+/// a large nor a slow sender can hold memory or a request slot for long.
+pub(crate) async fn read_body(
+    body: Body,
+    limit: u64,
+    deadline: Duration,
+    too_large: impl FnOnce() -> Problem,
+) -> Result<Bytes, Problem> {
+    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match tokio::time::timeout(deadline, limited.collect()).await {
+        Err(_) => Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "Request Timeout",
+            format!("the body did not arrive within {} ms", deadline.as_millis()),
+        )),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(Problem::bad_request(format!(
+            "could not read the body: {e}"
+        ))),
+    }
+}
+
+/// Caps requests in flight at `max` across all routes; one more is refused
+/// at once with 503 + `Retry-After` rather than queued, so memory stays
+/// bounded under a flood and senders retry later.
+pub(crate) fn shed_beyond(router: axum::Router, max: usize) -> axum::Router {
+    // A global layer: `Router::layer` wraps every route separately, and a
+    // plain `ConcurrencyLimitLayer` would give each its own budget.
+    router.layer(
+        tower::ServiceBuilder::new()
+            .layer(axum::error_handling::HandleErrorLayer::new(
+                shed as fn(tower::BoxError) -> ShedFuture,
+            ))
+            .layer(tower::load_shed::LoadShedLayer::new())
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(max)),
+    )
+}
+
+type ShedFuture = std::future::Ready<Problem>;
+
+fn shed(err: tower::BoxError) -> ShedFuture {
+    if !err.is::<tower::load_shed::error::Overloaded>() {
+        tracing::error!(error = %err, "unexpected middleware error");
+    }
+    metrics::counter!("mailroom_http_shed_total").increment(1);
+    std::future::ready(Problem::unavailable(
+        "too many requests in flight; retry shortly",
+    ))
+}
+
+/// The accept loop of [`crate::serve_with`].
+pub(crate) async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: tokio_util::sync::CancellationToken,
+    limits: &Limits,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    use std::sync::Arc;
+
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(limits.max_headers)
+        .max_header_size(limits.max_header_bytes)
+        // hyper refuses a read buffer under 8 KiB; 64 KiB reads bodies in
+        // few syscalls while bounding each connection's buffer.
+        .max_buf_size(limits.max_header_bytes.max(64 * 1024));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let slot = tokio::select! {
+            () = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Per-connection errors (reset before accept) are routine;
+                    // others (out of file descriptors) pass with time.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(router.clone()),
+        );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// One token bucket per rate-limited source, created on first use (so the
+/// map holds at most one entry per declared source).
+#[derive(Debug, Default)]
+pub(crate) struct RateLimiter {
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl RateLimiter {
+    /// Takes one token from `source`'s bucket, or says how many seconds
+    /// until one is available.
+    pub(crate) fn take(&self, source: &str, limit: RateLimit) -> Result<(), u32> {
+        let capacity = f64::from(limit.requests);
+        let per_sec = capacity / limit.per.as_secs_f64();
+        let now = Instant::now();
+        // A poisoned lock only means another request panicked mid-update;
+        // the bucket is still a valid pair of numbers.
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let b = buckets.entry(source.to_string()).or_insert(Bucket {
+            tokens: capacity,
+            at: now,
+        });
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec).min(capacity);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = (1.0 - b.tokens) / per_sec;
+            Err(wait.ceil().clamp(1.0, f64::from(u32::MAX)) as u32)
+        }
+    }
+}
+
+/// 429 with `Retry-After`.
+pub(crate) fn too_many_requests(source: &str, retry_after: u32) -> Problem {
+    Problem::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "Too Many Requests",
+        format!("source {source:?} is over its rate_limit"),
+    )
+    .retry_after(retry_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_allows_one_period_of_burst_then_refuses_with_a_wait() {
+        let r = RateLimiter::default();
+        let limit = RateLimit {
+            requests: 3,
+            per: Duration::from_secs(60),
+        };
+        for _ in 0..3 {
+            assert_eq!(r.take("s", limit), Ok(()));
+        }
+        assert_eq!(r.take("s", limit), Err(20));
+        assert_eq!(r.take("other", limit), Ok(()));
+    }
+}
