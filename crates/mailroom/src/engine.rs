@@ -615,10 +615,7 @@ impl Engine {
                 shutdown.clone(),
             ));
         }
-        tasks.spawn(crate::observe::run_gauges(
-            self.inner.store.clone(),
-            shutdown.clone(),
-        ));
+        tasks.spawn(crate::observe::run_gauges(self.clone(), shutdown.clone()));
         while tasks.join_next().await.is_some() {}
     }
 }
