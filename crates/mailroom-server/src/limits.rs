@@ -13,7 +13,7 @@ use crate::problem::Problem;
 use axum::body::Body;
 use bytes::Bytes;
 use http::StatusCode;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt as _;
 use mailroom::topology::RateLimit;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -57,27 +57,70 @@ impl Default for Limits {
     }
 }
 
-/// Reads a whole body of at most `limit` bytes within `deadline`, so neither
-/// a large nor a slow sender can hold memory or a request slot for long.
+/// How much of an oversize body is read and thrown away so the sender sees
+/// the 413 (a server that closes while the client is still uploading makes
+/// the client see a broken pipe instead). Beyond this, the connection is
+/// simply closed.
+pub(crate) const DRAIN_MAX: u64 = 8 * 1024 * 1024;
+/// How long draining may take.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads `body` up to `limit` bytes within `deadline`. Over the limit, the
+/// rest is drained (discarded, never buffered; see [`DRAIN_MAX`]) and
+/// `too_large` is answered; a body that does not arrive in time gets 408.
 pub(crate) async fn read_body(
-    body: Body,
+    mut body: Body,
     limit: u64,
     deadline: Duration,
     too_large: impl FnOnce() -> Problem,
 ) -> Result<Bytes, Problem> {
-    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match tokio::time::timeout(deadline, limited.collect()).await {
+    let read = async {
+        let mut buf = bytes::BytesMut::new();
+        let mut seen: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|e| Problem::bad_request(format!("could not read the body: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            seen = seen.saturating_add(data.len() as u64);
+            if seen <= limit {
+                buf.extend_from_slice(&data);
+            } else {
+                return Ok(None);
+            }
+        }
+        Ok(Some(buf.freeze()))
+    };
+    match tokio::time::timeout(deadline, read).await {
         Err(_) => Err(Problem::new(
             StatusCode::REQUEST_TIMEOUT,
             "Request Timeout",
             format!("the body did not arrive within {} ms", deadline.as_millis()),
         )),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(Problem::bad_request(format!(
-            "could not read the body: {e}"
-        ))),
+        Ok(Err(p)) => Err(p),
+        Ok(Ok(Some(bytes))) => Ok(bytes),
+        Ok(Ok(None)) => {
+            drain(body, DRAIN_MAX.saturating_sub(limit)).await;
+            Err(too_large())
+        }
     }
+}
+
+/// Reads and discards up to `max` more bytes of `body` within [`DRAIN_TIME`].
+pub(crate) async fn drain(mut body: Body, max: u64) {
+    let discard = async {
+        let mut seen: u64 = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                seen = seen.saturating_add(data.len() as u64);
+                if seen > max {
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
 }
 
 /// Caps requests in flight at `max` across all routes; one more is refused

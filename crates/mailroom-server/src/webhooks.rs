@@ -33,7 +33,11 @@ pub async fn receive(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    if let Some(n) = declared.filter(|n| *n > limit) {
+        // Let the sender finish uploading (within bounds) so it reads the 413.
+        if n <= crate::limits::DRAIN_MAX {
+            crate::limits::drain(body, n).await;
+        }
         return Err(IntakeError::TooLarge { limit }.into());
     }
     let bytes = read_body(body, limit, s.options.limits.body_read_timeout, || {

@@ -219,3 +219,44 @@ async fn undeclared_source_on_loopback_goes_to_its_own_topic() {
     assert_eq!(listed.len(), 1);
     server.stop().await;
 }
+
+/// A sender uploading a body over `max_body` receives the 413 answer, not a
+/// broken connection, whether the size is declared up front or only found
+/// while reading (chunked); its connection can then be reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_uploads_receive_their_413() {
+    let server = crate::support::start(|store| {
+        mailroom::Engine::builder(store).accept_undeclared_sources(true)
+    })
+    .await;
+    let big = vec![b'x'; 6 * 1024 * 1024];
+    for i in 0..12 {
+        let req = server
+            .http
+            .post(server.url("/webhooks/big"))
+            .header("webhook-id", format!("big-{i}"));
+        let req = if i % 2 == 0 {
+            req.body(big.clone())
+        } else {
+            // No Content-Length: the limit is found while reading.
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                big.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+            req.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        };
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("upload {i} got a connection error instead of 413: {e}"));
+        assert_eq!(resp.status(), 413, "upload {i}");
+    }
+    let ok = server
+        .http
+        .post(server.url("/webhooks/big"))
+        .header("webhook-id", "small")
+        .body("{}")
+        .send()
+        .await
+        .expect("small");
+    assert_eq!(ok.status(), 200);
+    server.stop().await;
+}
