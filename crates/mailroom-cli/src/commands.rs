@@ -349,8 +349,8 @@ async fn wait_for_signals(shutdown: CancellationToken) {
 }
 
 async fn status(config: &Config, json: bool) -> Result<()> {
-    let store = open(config).await?;
-    let stats = store.stats().await?;
+    // Through the engine, so blocked keys count only where a dead head blocks.
+    let stats = offline_engine(config).await?.stats().await?;
     let now = jiff::Timestamp::now();
     let age = |t: Option<jiff::Timestamp>| {
         t.map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)

@@ -117,7 +117,7 @@ async fn replay_matching(
 }
 
 async fn stats(State(s): State<AppState>) -> Result<Json<Value>, Problem> {
-    let stats = s.engine.store().stats().await?;
+    let stats = s.engine.stats().await?;
     let now = jiff::Timestamp::now();
     let mut topics = Vec::new();
     let mut names: Vec<String> = s.engine.topics().map(|t| t.name.clone()).collect();
