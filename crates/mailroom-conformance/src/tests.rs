@@ -265,6 +265,52 @@ pub async fn stale_token_is_rejected_after_rescue_and_reclaim(s: S) {
     assert_eq!(s.get(id).await.unwrap().unwrap().status, Status::Done);
 }
 
+/// A batch of completions applies each item on its own token: current ones
+/// are recorded (with history), a stale one fails alone.
+pub async fn complete_many_applies_each_item_on_its_own_token(s: S) {
+    let a = insert(&s, "orders", "a", None).await;
+    let b = insert(&s, "orders", "b", None).await;
+    let c = insert(&s, "orders", "c", None).await;
+    let claimed = claim(&s, &req("orders", 3)).await;
+    assert_eq!(claimed.len(), 3);
+    let token = |id| {
+        claimed
+            .iter()
+            .find(|x| x.event.id == id)
+            .map(|x| x.token)
+            .unwrap()
+    };
+    let results = s
+        .complete_many(vec![
+            (a, token(a), Completion::Done),
+            (b, FencingToken(token(b).0 + 7), Completion::Done),
+            (
+                c,
+                token(c),
+                Completion::Retry {
+                    delay: HOUR,
+                    error: "later".into(),
+                },
+            ),
+        ])
+        .await;
+    assert_eq!(results.len(), 3);
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(
+        matches!(results[1], Err(StoreError::StaleToken)),
+        "{:?}",
+        results[1]
+    );
+    assert!(results[2].is_ok(), "{:?}", results[2]);
+    let ga = s.get(a).await.unwrap().unwrap();
+    assert_eq!(ga.status, Status::Done);
+    assert_eq!(ga.history.len(), 1);
+    assert_eq!(s.get(b).await.unwrap().unwrap().status, Status::Running);
+    let gc = s.get(c).await.unwrap().unwrap();
+    assert_eq!(gc.status, Status::Pending);
+    assert_eq!(gc.last_error.as_deref(), Some("later"));
+}
+
 /// Extend pushes the lease with the current token and refuses any other.
 pub async fn extend_needs_the_current_token(s: S) {
     let id = insert(&s, "orders", "e", None).await;

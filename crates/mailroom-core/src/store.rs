@@ -138,6 +138,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         completion: Completion,
     ) -> Result<()>;
 
+    /// Records the ends of several attempts (a batch's verdicts): each item
+    /// exactly as [`complete`](Store::complete) would, with its own result, so
+    /// one stale token does not affect the others. The default runs them
+    /// concurrently; backends may apply them in one write.
+    async fn complete_many(
+        &self,
+        items: Vec<(EventId, FencingToken, Completion)>,
+    ) -> Vec<Result<()>> {
+        let each = items
+            .into_iter()
+            .map(|(id, token, completion)| self.complete(id, token, completion));
+        futures_util::future::join_all(each).await
+    }
+
     /// Pushes the lease of a running event to now + `lease`, only if `token`
     /// is current. Returns the new end.
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp>;

@@ -144,6 +144,40 @@ impl Store for SqliteStore {
         .await
     }
 
+    /// One writer job for the whole set: no per-event queue message or
+    /// savepoint. A stale or unknown item fails alone (it writes nothing); any
+    /// other error fails the job, whose savepoint then undoes all of it.
+    async fn complete_many(
+        &self,
+        items: Vec<(EventId, FencingToken, Completion)>,
+    ) -> Vec<Result<()>> {
+        let n = items.len();
+        let outcome = self
+            .write(WhenFull::Shed, move |c, now| {
+                let mut results = Vec::with_capacity(items.len());
+                for (id, token, completion) in &items {
+                    match sql::complete(c, *id, *token, completion, now) {
+                        Ok(()) => results.push(Ok(())),
+                        Err(StoreError::StaleToken) => results.push(Err(StoreError::StaleToken)),
+                        Err(StoreError::NotFound) => results.push(Err(StoreError::NotFound)),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(results)
+            })
+            .await;
+        match outcome {
+            Ok(results) => results,
+            Err(e) => {
+                let text = e.to_string();
+                let mut all = vec![Err(e)];
+                all.extend((1..n).map(|_| Err(StoreError::Unavailable(text.clone()))));
+                all.truncate(n);
+                all
+            }
+        }
+    }
+
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp> {
         self.write(WhenFull::Wait, move |c, now| {
             sql::extend(c, id, token, lease, now)

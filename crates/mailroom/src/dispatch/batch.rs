@@ -230,19 +230,29 @@ async fn deliver(
         ))),
     };
     let elapsed = started.elapsed();
-    let completions = batch.iter().map(|c| {
-        let outcome = verdict.for_event(c.event.id);
-        let spread = rand::random::<f64>() * 2.0 - 1.0;
-        let completion = outcome.resolve(c.event.attempts, c.event.max_attempts, &topic.spec.retry, spread);
-        record_outcome(&c.event, &completion, elapsed);
-        async move {
-            match store.complete(c.event.id, c.token, completion).await {
-                Ok(()) | Err(StoreError::StaleToken) => {}
-                Err(e) => error!(event_id = %c.event.id, error = %e, "could not record a batch outcome; retried after its lease"),
+    let items: Vec<_> = batch
+        .iter()
+        .map(|c| {
+            let outcome = verdict.for_event(c.event.id);
+            let spread = rand::random::<f64>() * 2.0 - 1.0;
+            let completion = outcome.resolve(
+                c.event.attempts,
+                c.event.max_attempts,
+                &topic.spec.retry,
+                spread,
+            );
+            record_outcome(&c.event, &completion, elapsed);
+            (c.event.id, c.token, completion)
+        })
+        .collect();
+    // One store write for the whole batch; each event keeps its own token.
+    for (c, result) in batch.iter().zip(store.complete_many(items).await) {
+        match result {
+            Ok(()) | Err(StoreError::StaleToken) => {}
+            Err(e) => {
+                error!(event_id = %c.event.id, error = %e, "could not record a batch outcome; retried after its lease")
             }
         }
-    });
-    // Concurrent completions share the store's group commit.
-    futures::future::join_all(completions).await;
+    }
     topic.wake.notify_one();
 }
