@@ -74,7 +74,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Migrate => {
             let config = load_config(&cli)?;
             open(&config).await?;
-            println!("{}: schema is up to date", config.store.url);
+            outln!("{}: schema is up to date", config.store.url);
         }
         Command::Status => {
             let config = load_config(&cli)?;
@@ -102,7 +102,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                     let next = page.next_cursor.map(|c| c.0.to_string());
                     if json {
                         let events: Vec<_> = page.events.iter().map(|e| e.to_json(false)).collect();
-                        println!(
+                        outln!(
                             "{}",
                             serde_json::json!({ "events": events, "next_cursor": next })
                         );
@@ -123,7 +123,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                                 ]
                             })
                             .collect();
-                        print!(
+                        out!(
                             "{}",
                             render(
                                 &[
@@ -140,7 +140,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                             )
                         );
                         if let Some(n) = next {
-                            println!("(more: --cursor {n})");
+                            outln!("(more: --cursor {n})");
                         }
                     }
                 }
@@ -150,7 +150,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                         .await?
                         .with_context(|| format!("no event {id}"))?;
                     if json {
-                        println!("{}", event.to_json(true));
+                        outln!("{}", event.to_json(true));
                     } else {
                         show(&event);
                     }
@@ -172,9 +172,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     let e = engine.replay(parse_id(id)?).await?;
                     if json {
-                        println!("{}", e.to_json(false));
+                        outln!("{}", e.to_json(false));
                     } else {
-                        println!(
+                        outln!(
                             "{} is pending again (attempt {} of {} next)",
                             e.id,
                             e.attempts + 1,
@@ -196,9 +196,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                     };
                     let n = engine.replay_matching(&filter).await?;
                     if json {
-                        println!("{}", serde_json::json!({ "replayed": n }));
+                        outln!("{}", serde_json::json!({ "replayed": n }));
                     } else {
-                        println!("{n} events are pending again");
+                        outln!("{n} events are pending again");
                     }
                 }
             }
@@ -208,9 +208,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             let engine = offline_engine(&config).await?;
             let e = engine.skip(parse_id(id)?).await?;
             if json {
-                println!("{}", e.to_json(false));
+                outln!("{}", e.to_json(false));
             } else {
-                println!("{} skipped; its key is unblocked", e.id);
+                outln!("{} skipped; its key is unblocked", e.id);
             }
         }
         Command::Purge { older_than } => {
@@ -226,12 +226,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                 })
                 .await?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "payloads_dropped": report.payloads_dropped, "rows_deleted": report.rows_deleted })
                 );
             } else {
-                println!(
+                outln!(
                     "payloads dropped: {}, rows deleted (past the dedup window of {}): {}",
                     report.payloads_dropped,
                     mailroom::duration::format(config.retention.dedup.max(d)),
@@ -296,21 +296,40 @@ async fn serve(config: Config) -> Result<()> {
         })
     };
     let render: mailroom_server::MetricsRenderer = Arc::new(move || prometheus.render());
+    let limits = server_limits(&config.limits);
     let router = mailroom_server::router(
         engine.clone(),
         mailroom_server::ServerOptions {
             api_tokens: tokens,
             metrics: Some(render),
-            // The documented defaults; `serve` applies the same connection limits.
-            limits: mailroom_server::limits::Limits::default(),
+            limits: limits.clone(),
         },
     );
-    let server = mailroom_server::serve(listener, router, shutdown.clone());
+    let server = mailroom_server::serve_with(listener, router, shutdown.clone(), &limits);
     let (served, ()) = tokio::join!(server, engine.run(shutdown.clone()));
     let _ = upkeep.await;
     served.context("HTTP server failed")?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// `[limits]` over the server's defaults.
+fn server_limits(c: &mailroom::config::LimitsConfig) -> mailroom_server::limits::Limits {
+    let d = mailroom_server::limits::Limits::default();
+    mailroom_server::limits::Limits {
+        max_concurrent_requests: c
+            .max_concurrent_requests
+            .unwrap_or(d.max_concurrent_requests)
+            .max(1),
+        max_connections: c.max_connections.unwrap_or(d.max_connections).max(1),
+        header_read_timeout: c.header_read_timeout.unwrap_or(d.header_read_timeout),
+        body_read_timeout: c.body_read_timeout.unwrap_or(d.body_read_timeout),
+        max_headers: c.max_headers.unwrap_or(d.max_headers).max(1),
+        max_header_bytes: c.max_header_bytes.map_or(d.max_header_bytes, |b| {
+            usize::try_from(b.0).unwrap_or(usize::MAX)
+        }),
+        api_max_body: c.api_max_body.map_or(d.api_max_body, |b| b.0),
+    }
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown (stop intake, finish attempts in
@@ -371,11 +390,11 @@ async fn status(config: &Config, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "topics": topics }));
+        outln!("{}", serde_json::json!({ "topics": topics }));
         return Ok(());
     }
     if stats.is_empty() {
-        println!("no events yet in {}", config.store.url);
+        outln!("no events yet in {}", config.store.url);
         return Ok(());
     }
     let rows: Vec<Vec<String>> = stats
@@ -395,7 +414,7 @@ async fn status(config: &Config, json: bool) -> Result<()> {
             ]
         })
         .collect();
-    print!(
+    out!(
         "{}",
         render(
             &[
@@ -416,27 +435,27 @@ async fn status(config: &Config, json: bool) -> Result<()> {
 
 fn show(e: &mailroom::Event) {
     let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
-    println!("id              {}", e.id);
-    println!("status          {}", e.status);
-    println!("topic           {}", e.topic);
-    println!("source          {}", e.source);
-    println!("dedup key       {}", e.dedup_key);
-    println!("key             {}", opt(&e.key));
-    println!("type            {}", opt(&e.event_type));
-    println!("attempts        {} of {}", e.attempts, e.max_attempts);
-    println!("received at     {}", e.received_at);
+    outln!("id              {}", e.id);
+    outln!("status          {}", e.status);
+    outln!("topic           {}", e.topic);
+    outln!("source          {}", e.source);
+    outln!("dedup key       {}", e.dedup_key);
+    outln!("key             {}", opt(&e.key));
+    outln!("type            {}", opt(&e.event_type));
+    outln!("attempts        {} of {}", e.attempts, e.max_attempts);
+    outln!("received at     {}", e.received_at);
     if let Some(t) = e.next_attempt_at {
-        println!("next attempt at {t}");
+        outln!("next attempt at {t}");
     }
-    println!("correlation id  {}", opt(&e.correlation_id));
-    println!("content type    {}", opt(&e.content_type));
-    println!("last error      {}", opt(&e.last_error));
+    outln!("correlation id  {}", opt(&e.correlation_id));
+    outln!("content type    {}", opt(&e.content_type));
+    outln!("last error      {}", opt(&e.last_error));
     match &e.payload {
-        None => println!("payload         (purged by retention)"),
-        Some(p) => println!("payload         {}", clip(&String::from_utf8_lossy(p), 200)),
+        None => outln!("payload         (purged by retention)"),
+        Some(p) => outln!("payload         {}", clip(&String::from_utf8_lossy(p), 200)),
     }
     if !e.history.is_empty() {
-        println!();
+        outln!();
         let rows: Vec<Vec<String>> = e
             .history
             .iter()
@@ -453,7 +472,7 @@ fn show(e: &mailroom::Event) {
                 ]
             })
             .collect();
-        print!(
+        out!(
             "{}",
             render(
                 &[
@@ -499,18 +518,18 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
         warnings.push("[amqp]: AMQP is not available in this build; the section is ignored".into());
     }
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({ "ok": true, "file": config.origin, "warnings": warnings })
         );
     } else {
-        println!("{}: ok", config.origin);
-        println!("  listen  {}", config.listen);
-        println!("  store   {}", config.store.url);
+        outln!("{}: ok", config.origin);
+        outln!("  listen  {}", config.listen);
+        outln!("  store   {}", config.store.url);
         let mut topics: Vec<_> = engine.topics().collect();
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         for t in topics {
-            println!(
+            outln!(
                 "  topic   {} ({}, concurrency {}, {} attempts, timeout {}, handler: {})",
                 t.name,
                 t.mode.name(),
@@ -525,7 +544,7 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
             );
         }
         for s in &config.sources {
-            println!(
+            outln!(
                 "  source  POST /webhooks/{} -> {}{}",
                 s.name,
                 s.topic.as_deref().unwrap_or(&s.name),
@@ -539,7 +558,7 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
             );
         }
         for w in &warnings {
-            println!("warning: {w}");
+            outln!("warning: {w}");
         }
     }
     Ok(ExitCode::SUCCESS)

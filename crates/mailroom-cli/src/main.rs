@@ -1,8 +1,38 @@
 //! The `mailroom` binary (SPEC §8). `serve` runs intake, dispatcher and API;
 //! the other verbs work on the same store through the same configuration.
 
+/// `println!` that ends the process quietly when stdout is closed (e.g.
+/// `mailroom events list | head`), instead of panicking on a broken pipe.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            $crate::stdout_failed(e);
+        }
+    }};
+}
+
+/// `print!` counterpart of [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout(), $($arg)*) {
+            $crate::stdout_failed(e);
+        }
+    }};
+}
+
 mod commands;
 mod table;
+
+/// A closed pipe is a normal way for a reader to stop; anything else is reported.
+fn stdout_failed(e: std::io::Error) {
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        eprintln!("error: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+    std::process::exit(0);
+}
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

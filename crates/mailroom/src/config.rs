@@ -64,6 +64,9 @@ pub struct Config {
     /// Alert thresholds.
     #[serde(default)]
     pub alerts: AlertsConfig,
+    /// Limits of the HTTP listener (load shedding, read deadlines).
+    #[serde(default)]
+    pub limits: LimitsConfig,
     /// Intake sources.
     #[serde(default, rename = "source")]
     pub sources: Vec<SourceConfig>,
@@ -90,6 +93,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             retention: RetentionConfig::default(),
             alerts: AlertsConfig::default(),
+            limits: LimitsConfig::default(),
             sources: vec![],
             topics: vec![],
             amqp: None,
@@ -196,6 +200,29 @@ pub struct AlertsConfig {
     /// Attempt duration.
     #[serde(default, with = "duration::serde_opt")]
     pub processing_time: Option<Duration>,
+}
+
+/// `[limits]`: protections of the HTTP listener. Unset keys keep the
+/// server's documented defaults.
+#[derive(Debug, Clone, Copy, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Requests handled at once; more get 503 + `Retry-After` (default 1024).
+    pub max_concurrent_requests: Option<usize>,
+    /// Open connections (default 4096).
+    pub max_connections: Option<usize>,
+    /// Time to send the request line and headers (default 10s).
+    #[serde(default, with = "duration::serde_opt")]
+    pub header_read_timeout: Option<Duration>,
+    /// Time to send the whole body (default 10s); then 408.
+    #[serde(default, with = "duration::serde_opt")]
+    pub body_read_timeout: Option<Duration>,
+    /// Headers per request (default 100); more get 431.
+    pub max_headers: Option<usize>,
+    /// Bytes of request line plus headers (default 16KiB); more get 431.
+    pub max_header_bytes: Option<ByteSize>,
+    /// Largest `POST /v1/events` body (default 1MiB).
+    pub api_max_body: Option<ByteSize>,
 }
 
 /// Where a value lives in a request: a header or a JSON pointer into the body.
@@ -510,7 +537,14 @@ impl Config {
                 } else {
                     key
                 },
-                message: e.into_inner().to_string(),
+                // toml appends "in `path`" itself; the key is already named.
+                message: e
+                    .into_inner()
+                    .to_string()
+                    .lines()
+                    .filter(|l| !l.starts_with("in `"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
             }
         })?;
         config.origin = file.to_string();
