@@ -10,6 +10,9 @@
 //! Both helpers **panic** when their variable is missing: a test that needs
 //! a server must fail, never silently skip, when the server is not there.
 //!
+//! A test that must stop or crash-restart PostgreSQL uses a
+//! [`PrivatePostgres`] cluster of its own instead, never the shared server.
+//!
 //! ```no_run
 //! # async fn demo() {
 //! let url = mailroom_testkit::fresh_postgres_db().await;
@@ -20,6 +23,9 @@
 //! ```
 
 use sqlx::Connection as _;
+
+mod private_pg;
+pub use private_pg::PrivatePostgres;
 
 /// Environment variable holding the admin URL of the test PostgreSQL server.
 pub const POSTGRES_URL_VAR: &str = "MAILROOM_TEST_POSTGRES_URL";
