@@ -1,13 +1,17 @@
-//! `drain`: N pending events preloaded into a fresh SQLite store, then
-//! processed by one `single` topic with a no-op handler. In-process: this
-//! process is mailroom, so its RSS is mailroom's.
+//! `drain`: N pending events preloaded into a fresh store, then processed
+//! through a no-op handler by a `single`, `sequential` (events spread
+//! round-robin over `--keys` ordering keys) or `batch` topic, by one or more
+//! mailroom instances. In-process: this process is mailroom, so its RSS is
+//! mailroom's; with `--instances 2` it runs two engines, each with its own
+//! store handle (own connection pool, writer, completer and `LISTEN`
+//! connection, as two processes would have), sharing this process's CPU.
 
+use crate::backend::{Backend, CallCounts, CountingStore, Fresh, ServerStats, postgres_cpu};
 use crate::procfs;
-use anyhow::Context;
+use anyhow::{Context, bail};
 use bytes::Bytes;
-use mailroom::handler::handler_fn;
-use mailroom::{Draft, Engine, Status, StoreError, TopicSpec};
-use mailroom_sqlite::{SqliteOptions, SqliteStore};
+use mailroom::handler::{batch_handler_fn, handler_fn};
+use mailroom::{BatchSettings, Draft, Engine, Mode, OnDead, Status, StoreError, TopicSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,74 +20,194 @@ use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "drain";
 
+/// The topic mode under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrainMode {
+    Single,
+    Sequential,
+    Batch,
+}
+
+impl DrainMode {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "single" => Ok(Self::Single),
+            "sequential" => Ok(Self::Sequential),
+            "batch" => Ok(Self::Batch),
+            _ => Err(format!("expected single, sequential or batch, got {s:?}")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Sequential => "sequential",
+            Self::Batch => "batch",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub events: u64,
+    /// Attempts in flight (single and sequential topics).
     pub concurrency: u32,
     pub preload_concurrency: usize,
     pub body_size: usize,
+    /// Ordering keys of the sequential topic.
+    pub keys: u64,
+    /// Batch topic: `max_size`, `max_wait`, deliveries in flight.
+    pub batch_size: u32,
+    pub batch_wait: Duration,
+    pub batch_concurrency: u32,
     /// Give up after this long.
     pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DrainResult {
+    pub mode: DrainMode,
+    pub store: &'static str,
+    pub instances: usize,
     pub events: u64,
     pub preload_secs: f64,
     pub preload_inserts_per_sec: f64,
+    /// Insert transactions while preloading (the store's writer).
     pub preload_commits: u64,
     pub drain_secs: f64,
     pub events_per_sec: f64,
-    /// Write transactions (claims + completions) while draining.
+    /// SQLite: write transactions (claims + completions) while draining.
+    /// PostgreSQL: committed transactions of the database while draining
+    /// (`pg_stat_database.xact_commit`, read-only ones included).
     pub drain_commits: u64,
     pub done: u64,
     pub handled: u64,
-    /// Bytes sent to the disk while draining.
+    /// Events handled by each instance.
+    pub handled_per_instance: Vec<u64>,
+    /// Store calls of the dispatchers while draining (all instances).
+    pub calls: CallCounts,
+    /// Bytes this process sent to the disk while draining (SQLite's writes;
+    /// PostgreSQL writes from its own processes, not counted here).
     pub drain_write_bytes: u64,
     /// Highest VmRSS sampled while draining, MiB.
     pub drain_peak_rss_mib: f64,
     /// VmHWM of the process at the end (preload included), MiB.
     pub hwm_mib: f64,
-    /// Share of one core per thread name while draining.
+    /// Share of one core per thread name of this process while draining.
     pub cpu: BTreeMap<String, f64>,
+    /// Share of one core per PostgreSQL process kind while draining.
+    pub pg_cpu: BTreeMap<String, f64>,
 }
 
-pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let sqlite = SqliteStore::open(SqliteOptions::new(dir.path().join("mailroom.db")))?;
-    let store: Arc<dyn mailroom::Store> = Arc::new(sqlite.clone());
-    store.migrate().await?;
+/// Runs one mode on a fresh store of `backend`, which is dropped afterwards.
+pub async fn run(
+    s: &Settings,
+    mode: DrainMode,
+    backend: &Backend,
+    instances: usize,
+) -> anyhow::Result<DrainResult> {
+    if instances > 1 && *backend == Backend::Sqlite {
+        bail!("several instances need a shared database: give --store postgres://...");
+    }
+    let fresh = backend.fresh().await?;
+    let result = run_on(s, mode, &fresh, instances.max(1)).await;
+    let cleanup = fresh.cleanup().await;
+    let r = result?;
+    cleanup?;
+    Ok(r)
+}
+
+struct Instance {
+    engine: Engine,
+    opened: crate::backend::Opened,
+    calls: Arc<crate::backend::Calls>,
+    handled: Arc<AtomicU64>,
+}
+
+fn topic_spec(s: &Settings, mode: DrainMode) -> TopicSpec {
+    match mode {
+        DrainMode::Single => TopicSpec::new(TOPIC).concurrency(s.concurrency),
+        DrainMode::Sequential => TopicSpec::new(TOPIC)
+            .mode(Mode::Sequential {
+                on_dead: OnDead::Block,
+            })
+            .concurrency(s.concurrency),
+        DrainMode::Batch => TopicSpec::new(TOPIC)
+            .mode(Mode::Batch(BatchSettings {
+                max_size: s.batch_size.max(1),
+                max_wait: s.batch_wait,
+                schedule: None,
+                group_by: None,
+            }))
+            .concurrency(s.batch_concurrency),
+    }
+}
+
+async fn instance(
+    s: &Settings,
+    mode: DrainMode,
+    fresh: &Fresh,
+    n: usize,
+) -> anyhow::Result<Instance> {
+    let opened = fresh.open(true).await?;
+    let counting = CountingStore::new(opened.store());
+    let calls = counting.calls.clone();
+    let store: Arc<dyn mailroom::Store> = Arc::new(counting);
+    store.migrate().await.context("migrating")?;
     let handled = Arc::new(AtomicU64::new(0));
     let counter = handled.clone();
-    let engine = Engine::builder(store.clone())
-        .topic(TopicSpec::new(TOPIC).concurrency(s.concurrency))
-        .handler(
-            TOPIC,
-            handler_fn(move |_event: mailroom::Event| {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    Ok::<(), String>(())
-                }
-            }),
-        )
+    let handler = match mode {
+        DrainMode::Single | DrainMode::Sequential => handler_fn(move |_event: mailroom::Event| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::Relaxed);
+                Ok::<(), String>(())
+            }
+        }),
+        DrainMode::Batch => batch_handler_fn(move |events: Vec<mailroom::Event>| {
+            let counter = counter.clone();
+            let n = events.len() as u64;
+            async move {
+                counter.fetch_add(n, Ordering::Relaxed);
+                Ok::<(), String>(())
+            }
+        }),
+    };
+    let engine = Engine::builder(store)
+        .worker_id(format!("bench-{n}"))
+        .topic(topic_spec(s, mode))
+        .handler(TOPIC, handler)
         .build()?;
+    Ok(Instance {
+        engine,
+        opened,
+        calls,
+        handled,
+    })
+}
 
-    // Preload: many concurrent enqueues, which the writer groups into commits.
+async fn preload(s: &Settings, mode: DrainMode, engine: &Engine) -> anyhow::Result<()> {
     let payload = crate::ingest::body(s.body_size);
-    let commits_before = sqlite.commits();
-    let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let workers = s.preload_concurrency.max(1) as u64;
+    let keys = s.keys.max(1);
     for w in 0..workers {
         let share = s.events / workers + u64::from(w < s.events % workers);
         let engine = engine.clone();
         let payload: Bytes = payload.clone();
         tasks.spawn(async move {
-            for _ in 0..share {
+            for j in 0..share {
+                // Event number w + j * workers: keys go round-robin over the
+                // arrival order.
+                let key = (mode == DrainMode::Sequential)
+                    .then(|| format!("k{}", (w + j * workers) % keys));
                 loop {
-                    let draft =
+                    let mut draft =
                         Draft::bytes(TOPIC, payload.clone()).content_type("application/json");
+                    if let Some(k) = &key {
+                        draft = draft.key(k.clone());
+                    }
                     match engine.enqueue(draft).await {
                         Ok(_) => break,
                         Err(StoreError::Overloaded) => {
@@ -99,26 +223,69 @@ pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
     while let Some(r) = tasks.join_next().await {
         r??;
     }
-    let preload = started.elapsed();
-    let preload_commits = sqlite.commits() - commits_before;
+    Ok(())
+}
+
+async fn run_on(
+    s: &Settings,
+    mode: DrainMode,
+    fresh: &Fresh,
+    instances: usize,
+) -> anyhow::Result<DrainResult> {
+    // Preload: many concurrent enqueues, which the writer groups into
+    // commits. On PostgreSQL through a handle of its own, closed before the
+    // drain, so the server's commit counters of the drain are the drain's.
+    let mut all = Vec::with_capacity(instances);
+    let (preload, preload_commits) = if fresh.is_postgres() {
+        let loader = instance(s, mode, fresh, usize::MAX).await?;
+        let started = Instant::now();
+        preload(s, mode, &loader.engine).await?;
+        let took = started.elapsed();
+        let commits = loader.opened.commits();
+        loader.opened.close().await;
+        drop(loader);
+        (took, commits)
+    } else {
+        all.push(instance(s, mode, fresh, 0).await?);
+        let started = Instant::now();
+        preload(s, mode, &all[0].engine).await?;
+        (started.elapsed(), all[0].opened.commits())
+    };
+    while all.len() < instances {
+        all.push(instance(s, mode, fresh, all.len()).await?);
+    }
+    let store = all[0].engine.store().clone();
 
     // Drain.
+    let total_handled = || -> u64 { all.iter().map(|i| i.handled.load(Ordering::Relaxed)).sum() };
+    let calls_now = || {
+        all.iter()
+            .map(|i| i.calls.snapshot())
+            .fold(CallCounts::default(), CallCounts::add)
+    };
     let stop_rss = CancellationToken::new();
     let rss = tokio::spawn(procfs::sample_rss("self".into(), stop_rss.clone()));
+    if fresh.is_postgres() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let server_before = fresh.server_stats().await;
     let cpu_before = procfs::threads_cpu("self");
-    let commits_before = sqlite.commits();
+    let pg_before = postgres_cpu();
+    let calls_before = calls_now();
+    let commits_before: u64 = all.iter().map(|i| i.opened.commits()).sum();
     let written_before = procfs::io_counter("self", "write_bytes").unwrap_or(0);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let runner = {
-        let engine = engine.clone();
+    let mut runners = Vec::new();
+    for i in &all {
+        let engine = i.engine.clone();
         let shutdown = shutdown.clone();
-        tokio::spawn(async move { engine.run(shutdown).await })
-    };
+        runners.push(tokio::spawn(async move { engine.run(shutdown).await }));
+    }
     let deadline = started + s.timeout;
     // The handler's counter says when the last attempt ran; the store says
     // when its completion is committed. Time the latter.
-    while handled.load(Ordering::Relaxed) < s.events && Instant::now() < deadline {
+    while total_handled() < s.events && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut done = 0;
@@ -137,23 +304,49 @@ pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
     }
     let drain = started.elapsed();
     let cpu = procfs::cpu_share(&cpu_before, &procfs::threads_cpu("self"), drain);
-    let drain_commits = sqlite.commits() - commits_before;
+    let pg_cpu = procfs::cpu_share(&pg_before, &postgres_cpu(), drain);
+    let calls = calls_now().since(calls_before);
+    let local_commits = all.iter().map(|i| i.opened.commits()).sum::<u64>() - commits_before;
     let drain_write_bytes = procfs::io_counter("self", "write_bytes")
         .unwrap_or(0)
         .saturating_sub(written_before);
     shutdown.cancel();
-    runner.await?;
+    for r in runners {
+        r.await?;
+    }
+    for i in &all {
+        i.opened.close().await;
+    }
+    // Closed backends report their counters as they exit.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let drain_commits = match (server_before, fresh.server_stats().await) {
+        (Some(b), Some(a)) => ServerStats::since(a, b).xact_commit,
+        _ => local_commits,
+    };
     stop_rss.cancel();
     let peak = rss.await?;
     let hwm = procfs::status_bytes("self", "VmHWM").unwrap_or(0);
+    let handled_per_instance: Vec<u64> = all
+        .iter()
+        .map(|i| i.handled.load(Ordering::Relaxed))
+        .collect();
+    let handled = handled_per_instance.iter().sum();
+    drop(all);
     if done < s.events {
-        anyhow::bail!(
+        bail!(
             "drain timed out after {:?}: {done} of {} done",
             s.timeout,
             s.events
         );
     }
     Ok(DrainResult {
+        mode,
+        store: if fresh.is_postgres() {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        instances,
         events: s.events,
         preload_secs: preload.as_secs_f64(),
         preload_inserts_per_sec: s.events as f64 / preload.as_secs_f64(),
@@ -163,52 +356,117 @@ pub async fn run(s: &Settings) -> anyhow::Result<DrainResult> {
         drain_commits,
         drain_write_bytes,
         done,
-        handled: handled.load(Ordering::Relaxed),
+        handled,
+        handled_per_instance,
+        calls,
         drain_peak_rss_mib: procfs::mib(peak.sampled_max),
         hwm_mib: procfs::mib(hwm),
         cpu,
+        pg_cpu,
     })
 }
 
-pub fn print_table(s: &Settings, r: &DrainResult) {
-    println!(
-        "drain: {} events, body {} B, topic mode single, concurrency {}, no-op handler",
-        r.events, s.body_size, s.concurrency
-    );
-    println!(
-        "  preload  {:>8.2} s  {:>9.0} inserts/s  ({} commits, {:.1} inserts/commit, {} tasks)",
-        r.preload_secs,
-        r.preload_inserts_per_sec,
-        r.preload_commits,
-        r.events as f64 / r.preload_commits.max(1) as f64,
-        s.preload_concurrency,
-    );
-    println!(
-        "  drain    {:>8.2} s  {:>9.0} events/s   ({} commits = claims + completions, {:.1} writes/commit est.)",
-        r.drain_secs,
-        r.events_per_sec,
-        r.drain_commits,
-        // Each event needs one completion, plus roughly one claim per batch.
-        r.events as f64 / r.drain_commits.max(1) as f64,
-    );
-    println!(
-        "  disk     {:.1} MiB written while draining, {:.1} KiB per commit",
-        procfs::mib(r.drain_write_bytes),
-        r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
-    );
-    println!(
-        "  RSS      peak while draining {:.1} MiB, VmHWM (whole run, preload included) {:.1} MiB",
-        r.drain_peak_rss_mib, r.hwm_mib
-    );
-    let cpu: Vec<String> = r
-        .cpu
+/// Events/s of `r` over the `single` figure of the same run and store.
+pub fn ratio_vs_single(results: &[DrainResult], r: &DrainResult) -> Option<f64> {
+    let single = results.iter().find(|x| {
+        x.mode == DrainMode::Single && x.store == r.store && x.instances == r.instances
+    })?;
+    (single.events_per_sec > 0.0).then(|| r.events_per_sec / single.events_per_sec)
+}
+
+fn fmt_cpu(cpu: &BTreeMap<String, f64>) -> String {
+    let parts: Vec<String> = cpu
         .iter()
         .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
         .collect();
+    format!(
+        "{:.0}% [{}]",
+        cpu.values().sum::<f64>() * 100.0,
+        parts.join(", ")
+    )
+}
+
+pub fn label(r: &DrainResult) -> String {
+    format!("{} x{}", r.store, r.instances)
+}
+
+pub fn print_table(s: &Settings, results: &[DrainResult]) {
     println!(
-        "  cpu      {:.0}% [{}]",
-        r.cpu.values().sum::<f64>() * 100.0,
-        cpu.join(", ")
+        "drain: {} events, body {} B, no-op handlers; single/sequential concurrency {}, sequential over {} keys, batch max_size {} max_wait {} concurrency {}",
+        s.events,
+        s.body_size,
+        s.concurrency,
+        s.keys,
+        s.batch_size,
+        mailroom::duration::format(s.batch_wait),
+        s.batch_concurrency,
     );
-    println!("  done {} / handled {}", r.done, r.handled);
+    println!(
+        "{:<11} {:<12} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8}",
+        "mode",
+        "store",
+        "preload/s",
+        "drain s",
+        "events/s",
+        "vs single",
+        "claims",
+        "ev/claim",
+        "empty",
+        "next_due",
+        "commits",
+        "mr cpu",
+        "pg cpu",
+    );
+    for r in results {
+        let ratio = ratio_vs_single(results, r)
+            .map(|x| format!("{x:.2}x"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<11} {:<12} {:>9.0} {:>9.2} {:>9.0} {:>8} {:>7} {:>8.1} {:>8} {:>8} {:>9} {:>7.0}% {:>8}",
+            r.mode.name(),
+            label(r),
+            r.preload_inserts_per_sec,
+            r.drain_secs,
+            r.events_per_sec,
+            ratio,
+            r.calls.claims,
+            r.calls.claim_size(),
+            r.calls.empty_claims,
+            r.calls.next_due,
+            r.drain_commits,
+            r.cpu.values().sum::<f64>() * 100.0,
+            if r.pg_cpu.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.0}%", r.pg_cpu.values().sum::<f64>() * 100.0)
+            },
+        );
+    }
+    for r in results {
+        let tag = format!("{} {}", r.mode.name(), label(r));
+        println!(
+            "  {tag}: preload {:.2} s ({} insert commits, {:.1}/commit); drain {} commits ({:.1} events/commit), {:.1} KiB/commit to disk here",
+            r.preload_secs,
+            r.preload_commits,
+            r.events as f64 / r.preload_commits.max(1) as f64,
+            r.drain_commits,
+            r.events as f64 / r.drain_commits.max(1) as f64,
+            r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
+        );
+        println!("  {tag}: cpu mailroom {}", fmt_cpu(&r.cpu));
+        if !r.pg_cpu.is_empty() {
+            println!("  {tag}: cpu postgres {}", fmt_cpu(&r.pg_cpu));
+        }
+        println!(
+            "  {tag}: RSS peak {:.1} MiB, VmHWM {:.1} MiB; done {} / handled {} {:?}; completions {} ({} complete_many calls), store errors {}",
+            r.drain_peak_rss_mib,
+            r.hwm_mib,
+            r.done,
+            r.handled,
+            r.handled_per_instance,
+            r.calls.completes,
+            r.calls.complete_many,
+            r.calls.errors,
+        );
+    }
 }

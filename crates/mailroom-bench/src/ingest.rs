@@ -1,7 +1,9 @@
 //! `ingest`: `POST /webhooks/bench` over real HTTP/1.1 keep-alive
 //! connections, once with group commit on and once with one commit per
-//! request, against a child mailroom process each time.
+//! request, against child mailroom processes (one per instance, sharing one
+//! fresh store) each time.
 
+use crate::backend::{Backend, Fresh, ServerStats, postgres_cpu};
 use crate::procfs;
 use crate::stats::{Latencies, fmt_ms};
 use anyhow::{Context, bail};
@@ -9,11 +11,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use mailroom::Engine;
-use mailroom_sqlite::{SqliteOptions, SqliteStore};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +35,11 @@ pub struct Settings {
     pub direct: bool,
     /// Run the child without the Prometheus recorder (experiment).
     pub no_metrics: bool,
+    /// Where the events go (a fresh store per mode).
+    pub backend: Backend,
+    /// Child mailroom processes sharing the store; connections are spread
+    /// over them round-robin.
+    pub instances: usize,
 }
 
 /// One mode's figures.
@@ -42,6 +47,8 @@ pub struct Settings {
 pub struct ModeResult {
     pub mode: &'static str,
     pub group_commit: bool,
+    pub store: &'static str,
+    pub instances: usize,
     /// Acks (200, `"duplicate": false`) over the whole run, warm-up included.
     pub acked_total: u64,
     /// Acks completed inside the measured window.
@@ -55,14 +62,18 @@ pub struct ModeResult {
     pub errors: BTreeMap<String, u64>,
     /// Events found in the store after mailroom stopped.
     pub stored: u64,
-    /// SQLite write transactions over the whole run.
+    /// Insert transactions of the store writers over the whole run (all
+    /// instances).
     pub commits: u64,
+    /// PostgreSQL: committed transactions of the database over the whole
+    /// run, as the server counts them (reads and migrations included).
+    pub server_commits: Option<u64>,
     /// Bytes mailroom handed to `write` calls over the whole run (WAL,
     /// checkpoints, sockets).
     pub wchar: u64,
     /// Bytes mailroom sent to the disk over the whole run.
     pub write_bytes: u64,
-    /// Highest VmRSS sampled every 100 ms, MiB.
+    /// Highest VmRSS sampled every 100 ms (of the largest instance), MiB.
     pub peak_rss_mib: f64,
     /// VmHWM at the end, MiB.
     pub hwm_mib: f64,
@@ -70,6 +81,8 @@ pub struct ModeResult {
     pub mailroom_cpu: BTreeMap<String, f64>,
     /// Share of one core used by the load generator over the window.
     pub loadgen_cpu: f64,
+    /// Share of one core per PostgreSQL process kind over the window.
+    pub pg_cpu: BTreeMap<String, f64>,
 }
 
 impl ModeResult {
@@ -79,17 +92,26 @@ impl ModeResult {
 }
 
 pub async fn run(s: &Settings, only: Option<bool>) -> anyhow::Result<Vec<ModeResult>> {
+    if s.instances > 1 && s.backend == Backend::Sqlite {
+        bail!("several instances need a shared database: give --store postgres://...");
+    }
+    if s.instances > 1 && s.direct {
+        bail!("--direct runs one in-process instance");
+    }
     let mut out = Vec::new();
     for group_commit in [true, false] {
         if only.is_some_and(|o| o != group_commit) {
             continue;
         }
+        let fresh = s.backend.fresh().await?;
         let r = if s.direct {
-            run_direct(s, group_commit).await?
+            run_direct(s, group_commit, &fresh).await
         } else {
-            run_http(s, group_commit).await?
+            run_http(s, group_commit, &fresh).await
         };
-        out.push(r);
+        let cleanup = fresh.cleanup().await;
+        out.push(r?);
+        cleanup?;
     }
     Ok(out)
 }
@@ -247,44 +269,75 @@ async fn http_task(addr: SocketAddr, tag: String, payload: Bytes, window: Window
 
 /// CPU readings at the window's edges.
 struct CpuProbe {
-    pid: String,
+    pids: Vec<String>,
     before: BTreeMap<String, Duration>,
+    pg_before: BTreeMap<String, Duration>,
     self_before: Option<Duration>,
 }
 
+/// CPU per thread name, summed over `pids` (instances of one program).
+fn threads_cpu_of(pids: &[String]) -> BTreeMap<String, Duration> {
+    let mut out = BTreeMap::new();
+    for pid in pids {
+        for (name, t) in procfs::threads_cpu(pid) {
+            *out.entry(name).or_insert(Duration::ZERO) += t;
+        }
+    }
+    out
+}
+
+/// What [`CpuProbe`] measured: mailroom's threads, the load generator,
+/// PostgreSQL's processes.
+struct CpuShares {
+    mailroom: BTreeMap<String, f64>,
+    loadgen: f64,
+    postgres: BTreeMap<String, f64>,
+}
+
 impl CpuProbe {
-    async fn at_window_start(pid: String, window: Window) -> Self {
+    async fn at_window_start(pids: Vec<String>, window: Window) -> Self {
         tokio::time::sleep_until(window.from.into()).await;
         Self {
-            before: procfs::threads_cpu(&pid),
+            before: threads_cpu_of(&pids),
+            pg_before: postgres_cpu(),
             self_before: procfs::process_cpu("self"),
-            pid,
+            pids,
         }
     }
 
-    /// (mailroom's threads, the load generator); `direct` means both are
-    /// this process, so the load generator's share is not separable.
-    async fn at_window_end(self, window: Window) -> (BTreeMap<String, f64>, f64) {
+    /// `direct` means mailroom and the load generator are this process, so
+    /// the load generator's share is not separable.
+    async fn at_window_end(self, window: Window) -> CpuShares {
         tokio::time::sleep_until(window.to.into()).await;
         let span = window.to - window.from;
-        let after = procfs::threads_cpu(&self.pid);
-        let threads = procfs::cpu_share(&self.before, &after, span);
-        let me = match (self.self_before, procfs::process_cpu("self")) {
+        let after = threads_cpu_of(&self.pids);
+        let mailroom = procfs::cpu_share(&self.before, &after, span);
+        let postgres = procfs::cpu_share(&self.pg_before, &postgres_cpu(), span);
+        let loadgen = match (self.self_before, procfs::process_cpu("self")) {
             (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64() / span.as_secs_f64(),
             _ => f64::NAN,
         };
-        (threads, me)
+        CpuShares {
+            mailroom,
+            loadgen,
+            postgres,
+        }
     }
 }
 
-async fn run_http(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult> {
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let db = dir.path().join("mailroom.db");
+/// One child `__serve` process.
+struct Child {
+    child: tokio::process::Child,
+    pid: String,
+    addr: SocketAddr,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+async fn spawn_child(s: &Settings, group_commit: bool, url: &str) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("__serve")
-        .arg("--db")
-        .arg(&db)
+        .args(["--store", url])
         .args(["--listen", "127.0.0.1:0"])
         .args([
             "--group-commit",
@@ -311,9 +364,46 @@ async fn run_http(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult
         .strip_prefix("LISTENING ")
         .with_context(|| format!("unexpected child output {first:?}"))?
         .parse()?;
+    Ok(Child {
+        child,
+        pid,
+        addr,
+        lines,
+    })
+}
+
+impl Child {
+    /// Stops mailroom gracefully (closes its stdin) and returns its commit count.
+    async fn stop(mut self) -> anyhow::Result<u64> {
+        drop(self.child.stdin.take());
+        let mut commits = 0;
+        while let Some(line) = self.lines.next_line().await? {
+            if let Some(n) = line.strip_prefix("COMMITS ") {
+                commits = n.trim().parse()?;
+            }
+        }
+        let status = self.child.wait().await?;
+        if !status.success() {
+            bail!("the mailroom child exited with {status}");
+        }
+        Ok(commits)
+    }
+}
+
+async fn run_http(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::Result<ModeResult> {
+    let server_before = fresh.server_stats().await;
+    let mut children = Vec::new();
+    for _ in 0..s.instances.max(1) {
+        children.push(spawn_child(s, group_commit, &fresh.url).await?);
+    }
+    let pids: Vec<String> = children.iter().map(|c| c.pid.clone()).collect();
+    let addrs: Vec<SocketAddr> = children.iter().map(|c| c.addr).collect();
 
     let stop_rss = CancellationToken::new();
-    let rss = tokio::spawn(procfs::sample_rss(pid.clone(), stop_rss.clone()));
+    let rss: Vec<_> = pids
+        .iter()
+        .map(|pid| tokio::spawn(procfs::sample_rss(pid.clone(), stop_rss.clone())))
+        .collect();
 
     let window = Window::new(s.warmup, s.duration);
     let payload = body(s.body_size);
@@ -321,60 +411,68 @@ async fn run_http(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..s.concurrency {
         tasks.spawn(http_task(
-            addr,
+            addrs[i % addrs.len()],
             format!("{tag}-{i}"),
             payload.clone(),
             window,
         ));
     }
-    let probe = CpuProbe::at_window_start(pid.clone(), window).await;
-    let (mailroom_cpu, loadgen_cpu) = probe.at_window_end(window).await;
+    let probe = CpuProbe::at_window_start(pids.clone(), window).await;
+    let cpu = probe.at_window_end(window).await;
     let mut total = TaskStats::default();
     while let Some(t) = tasks.join_next().await {
         total.merge(t?);
     }
     stop_rss.cancel();
-    let peak = rss.await?;
-    let hwm = procfs::status_bytes(&pid, "VmHWM").unwrap_or(0);
-    let io = Io::read(&pid);
+    let mut peak = 0;
+    for r in rss {
+        peak = peak.max(r.await?.sampled_max);
+    }
+    let hwm = pids
+        .iter()
+        .filter_map(|pid| procfs::status_bytes(pid, "VmHWM"))
+        .max()
+        .unwrap_or(0);
+    let io = pids
+        .iter()
+        .map(|pid| Io::read(pid))
+        .fold(Io::default(), Io::add);
 
-    // Stop mailroom gracefully and collect its commit count.
-    drop(child.stdin.take());
+    // Stop mailroom gracefully and collect the commit counts.
     let mut commits = 0;
-    while let Some(line) = lines.next_line().await? {
-        if let Some(n) = line.strip_prefix("COMMITS ") {
-            commits = n.trim().parse()?;
-        }
+    for c in children {
+        commits += c.stop().await?;
     }
-    let status = child.wait().await?;
-    if !status.success() {
-        bail!("the mailroom child exited with {status}");
-    }
+    // Exited backends have reported their counters.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let server_commits = match (server_before, fresh.server_stats().await) {
+        (Some(b), Some(a)) => Some(ServerStats::since(a, b).xact_commit),
+        _ => None,
+    };
 
-    let stored = count_stored(&db).await?;
+    let stored = crate::backend::count_events(&fresh.url, SOURCE).await?;
     Ok(finish(
         s,
         group_commit,
         total,
-        stored,
-        commits,
-        io,
-        peak.sampled_max,
+        Counts {
+            stored,
+            commits,
+            server_commits,
+            io,
+        },
+        peak,
         hwm,
-        mailroom_cpu,
-        loadgen_cpu,
+        cpu,
     ))
 }
 
 /// In-process intake without HTTP: the same engine path
 /// (`ingest_webhook`: source resolution, envelope, insert), no sockets.
-async fn run_direct(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResult> {
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let db = dir.path().join("mailroom.db");
-    let mut opts = SqliteOptions::new(&db);
-    opts.group_commit = group_commit;
-    let sqlite = SqliteStore::open(opts)?;
-    let store: Arc<dyn mailroom::Store> = Arc::new(sqlite.clone());
+async fn run_direct(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::Result<ModeResult> {
+    let server_before = fresh.server_stats().await;
+    let opened = fresh.open(group_commit).await?;
+    let store: Arc<dyn mailroom::Store> = opened.store();
     store.migrate().await?;
     let engine = Engine::builder(store)
         .accept_undeclared_sources(true)
@@ -429,8 +527,9 @@ async fn run_direct(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResu
             st
         });
     }
-    let probe = CpuProbe::at_window_start("self".into(), window).await;
-    let (cpu, _) = probe.at_window_end(window).await;
+    let probe = CpuProbe::at_window_start(vec!["self".into()], window).await;
+    let mut cpu = probe.at_window_end(window).await;
+    cpu.loadgen = f64::NAN;
     let mut total = TaskStats::default();
     while let Some(t) = tasks.join_next().await {
         total.merge(t?);
@@ -439,21 +538,29 @@ async fn run_direct(s: &Settings, group_commit: bool) -> anyhow::Result<ModeResu
     let peak = rss.await?;
     let hwm = procfs::status_bytes("self", "VmHWM").unwrap_or(0);
     let io = Io::read("self");
-    let commits = sqlite.commits();
+    let commits = opened.commits();
     drop(engine);
-    drop(sqlite);
-    let stored = count_stored(&db).await?;
+    opened.close().await;
+    drop(opened);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let server_commits = match (server_before, fresh.server_stats().await) {
+        (Some(b), Some(a)) => Some(ServerStats::since(a, b).xact_commit),
+        _ => None,
+    };
+    let stored = crate::backend::count_events(&fresh.url, SOURCE).await?;
     Ok(finish(
         s,
         group_commit,
         total,
-        stored,
-        commits,
-        io,
+        Counts {
+            stored,
+            commits,
+            server_commits,
+            io,
+        },
         peak.sampled_max,
         hwm,
         cpu,
-        f64::NAN,
     ))
 }
 
@@ -471,26 +578,45 @@ impl Io {
             write_bytes: procfs::io_counter(pid, "write_bytes").unwrap_or(0),
         }
     }
+
+    fn add(self, o: Self) -> Self {
+        Self {
+            wchar: self.wchar + o.wchar,
+            write_bytes: self.write_bytes + o.write_bytes,
+        }
+    }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the store says after the run.
+struct Counts {
+    stored: u64,
+    commits: u64,
+    server_commits: Option<u64>,
+    io: Io,
+}
+
 fn finish(
     s: &Settings,
     group_commit: bool,
     mut total: TaskStats,
-    stored: u64,
-    commits: u64,
-    io: Io,
+    counts: Counts,
     peak_rss: u64,
     hwm: u64,
-    mailroom_cpu: BTreeMap<String, f64>,
-    loadgen_cpu: f64,
+    cpu: CpuShares,
 ) -> ModeResult {
+    let Counts {
+        stored,
+        commits,
+        server_commits,
+        io,
+    } = counts;
     let window_secs = s.duration.as_secs_f64();
     total.lat.sort();
     ModeResult {
         mode: mode_name(group_commit),
         group_commit,
+        store: s.backend.name(),
+        instances: s.instances.max(1),
         acked_total: total.acked_total,
         acked: total.acked,
         window_secs,
@@ -502,30 +628,23 @@ fn finish(
         errors: total.errors,
         stored,
         commits,
+        server_commits,
         wchar: io.wchar,
         write_bytes: io.write_bytes,
         peak_rss_mib: procfs::mib(peak_rss),
         hwm_mib: procfs::mib(hwm),
-        mailroom_cpu,
-        loadgen_cpu,
+        mailroom_cpu: cpu.mailroom,
+        loadgen_cpu: cpu.loadgen,
+        pg_cpu: cpu.postgres,
     }
-}
-
-/// Events stored for the bench topic, read from the file after mailroom stopped.
-async fn count_stored(db: &Path) -> anyhow::Result<u64> {
-    let store = SqliteStore::open(SqliteOptions::new(db)).context("reopening the store")?;
-    let stats = mailroom::Store::stats(&store).await?;
-    Ok(stats
-        .iter()
-        .filter(|t| t.topic == SOURCE)
-        .flat_map(|t| t.counts.values())
-        .sum())
 }
 
 /// The human-readable report.
 pub fn print_table(s: &Settings, results: &[ModeResult]) {
     println!(
-        "ingest: {} over {}, concurrency {}, body {} B, window {:.0} s after {:.0} s warm-up",
+        "ingest: store {} x{}, {} over {}, concurrency {}, body {} B, window {:.0} s after {:.0} s warm-up",
+        s.backend.name(),
+        s.instances.max(1),
         if s.direct {
             "engine.ingest_webhook in-process (no HTTP)"
         } else {
@@ -592,6 +711,27 @@ pub fn print_table(s: &Settings, results: &[ModeResult]) {
                 total * 100.0,
                 cpu.join(", "),
                 r.loadgen_cpu * 100.0
+            );
+        }
+        if !r.pg_cpu.is_empty() {
+            let parts: Vec<String> = r
+                .pg_cpu
+                .iter()
+                .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
+                .collect();
+            println!(
+                "  cpu {:<19} postgres {:.0}% [{}]",
+                r.mode,
+                r.pg_cpu.values().sum::<f64>() * 100.0,
+                parts.join(", ")
+            );
+        }
+        if let Some(c) = r.server_commits {
+            println!(
+                "  {}: postgres committed {c} transactions in the run ({:.1} acks each; insert commits of mailroom's writers {})",
+                r.mode,
+                r.acked_total as f64 / c.max(1) as f64,
+                r.commits,
             );
         }
         if r.duplicates > 0 || !r.errors.is_empty() {

@@ -3,19 +3,27 @@
 //! - `ingest`: webhook intake over real HTTP against a child mailroom
 //!   process, with group commit on and then off (one commit per request),
 //!   printing acks/s, latency percentiles, mailroom's RSS and the ratio.
-//! - `drain`: N preloaded pending events through a no-op handler.
+//! - `drain`: N preloaded pending events through no-op handlers of a
+//!   `single`, a `sequential` and a `batch` topic, with ratios to `single`.
+//! - `pg`: both of the above on SQLite and on a fresh PostgreSQL database
+//!   with one and with two mailroom instances, side by side.
 //!
-//! Run with `cargo run --release -p mailroom-bench -- ingest` (or `drain`).
+//! `ingest` and `drain` take `--store sqlite|postgres://...` and
+//! `--instances N`. Run with `cargo run --release -p mailroom-bench --
+//! ingest` (or `drain`, or `pg --store postgres://...`).
 
+mod backend;
 mod drain;
 mod ingest;
+mod pg;
 mod procfs;
 mod serve;
 mod stats;
 
 use anyhow::Context;
+use backend::Backend;
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use drain::DrainMode;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -35,6 +43,8 @@ enum Command {
     Ingest(IngestArgs),
     /// Preload N pending events, then time them through a no-op handler.
     Drain(DrainArgs),
+    /// Intake and drain on SQLite, PostgreSQL x1 and PostgreSQL x2, side by side.
+    Pg(PgArgs),
     /// (internal) mailroom as `mailroom serve` runs it, for `ingest`.
     #[command(name = "__serve", hide = true)]
     Serve(ServeArgs),
@@ -63,6 +73,14 @@ struct IngestArgs {
     /// Experiment: run mailroom without the Prometheus recorder.
     #[arg(long)]
     no_metrics: bool,
+    /// `sqlite` (a temporary file) or `postgres://...`: a fresh database is
+    /// created on that server for each mode and dropped afterwards.
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Child mailroom processes sharing the store (PostgreSQL only);
+    /// connections go to them round-robin.
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
@@ -70,12 +88,44 @@ struct IngestArgs {
 
 #[derive(Debug, Args)]
 struct DrainArgs {
+    /// Topic modes to run, each on a fresh store: single, sequential, batch.
+    #[arg(long, value_delimiter = ',', default_value = "single,sequential,batch", value_parser = DrainMode::parse)]
+    modes: Vec<DrainMode>,
+    /// `sqlite` (a temporary file) or `postgres://...`: a fresh database is
+    /// created on that server for each mode and dropped afterwards.
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Engines draining the store at once, each with its own store handle
+    /// (PostgreSQL only).
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    #[command(flatten)]
+    drain: DrainSettingsArgs,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct DrainSettingsArgs {
     /// Events to preload and drain.
     #[arg(long, default_value_t = 100_000)]
     events: u64,
-    /// The topic's concurrency (attempts in flight).
+    /// Attempts in flight of the single and sequential topics.
     #[arg(long, default_value_t = 256)]
     concurrency: u32,
+    /// Ordering keys of the sequential topic (events spread round-robin).
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
+    /// The batch topic's max_size.
+    #[arg(long, default_value_t = 500)]
+    batch_size: u32,
+    /// The batch topic's max_wait.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    batch_wait: Duration,
+    /// Batch deliveries in flight (the batch topic's concurrency).
+    #[arg(long, default_value_t = 16)]
+    batch_concurrency: u32,
     /// Concurrent enqueues while preloading.
     #[arg(long, default_value_t = 512)]
     preload_concurrency: usize,
@@ -85,6 +135,50 @@ struct DrainArgs {
     /// Give up after this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     timeout: Duration,
+}
+
+impl DrainSettingsArgs {
+    fn settings(&self) -> drain::Settings {
+        drain::Settings {
+            events: self.events,
+            concurrency: self.concurrency.max(1),
+            preload_concurrency: self.preload_concurrency.max(1),
+            body_size: self.body_size,
+            keys: self.keys.max(1),
+            batch_size: self.batch_size.max(1),
+            batch_wait: self.batch_wait,
+            batch_concurrency: self.batch_concurrency.max(1),
+            timeout: self.timeout,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct PgArgs {
+    /// The PostgreSQL server (superuser or CREATEDB): fresh databases are
+    /// created there for each run and dropped afterwards.
+    #[arg(long, value_parser = Backend::parse)]
+    store: Backend,
+    /// Concurrent intake requests (one keep-alive connection each).
+    #[arg(long, default_value_t = 64)]
+    ingest_concurrency: usize,
+    /// Measured intake window per target.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Intake load before the window, not measured.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Topic mode of the drain.
+    #[arg(long, default_value = "single", value_parser = DrainMode::parse)]
+    mode: DrainMode,
+    /// Skip intake (drain only).
+    #[arg(long)]
+    no_ingest: bool,
+    /// Skip drain (intake only).
+    #[arg(long)]
+    no_drain: bool,
+    #[command(flatten)]
+    drain: DrainSettingsArgs,
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
@@ -92,8 +186,9 @@ struct DrainArgs {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
+    /// `sqlite://FILE` or `postgres://...`.
     #[arg(long)]
-    db: PathBuf,
+    store: String,
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
     #[arg(long, value_parser = parse_on_off, default_value = "true", action = clap::ArgAction::Set)]
@@ -145,7 +240,7 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve(a) => {
-            serve::run(&a.db, &a.listen, a.group_commit, !a.no_metrics).await?;
+            serve::run(&a.store, &a.listen, a.group_commit, !a.no_metrics).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ingest(a) => {
@@ -156,6 +251,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 body_size: a.body_size,
                 direct: a.direct,
                 no_metrics: a.no_metrics,
+                backend: a.store,
+                instances: a.instances.max(1),
             };
             let results = ingest::run(&settings, a.only).await?;
             if a.json {
@@ -165,6 +262,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                     "duration_secs": settings.duration.as_secs_f64(),
                     "body_size": settings.body_size,
                     "direct": settings.direct,
+                    "store": settings.backend.name(),
+                    "instances": settings.instances,
                     "metrics": !settings.no_metrics,
                     "modes": results,
                     "ratio": ingest::ratio(&results),
@@ -181,25 +280,31 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Drain(a) => {
-            let settings = drain::Settings {
-                events: a.events,
-                concurrency: a.concurrency.max(1),
-                preload_concurrency: a.preload_concurrency.max(1),
-                body_size: a.body_size,
-                timeout: a.timeout,
-            };
-            let r = drain::run(&settings).await?;
+            let settings = a.drain.settings();
+            let mut results = Vec::new();
+            for mode in &a.modes {
+                results.push(drain::run(&settings, *mode, &a.store, a.instances).await?);
+            }
             if a.json {
-                let mut out = serde_json::to_value(&r).context("encoding JSON")?;
-                if let Some(o) = out.as_object_mut() {
-                    o.insert("bench".into(), "drain".into());
-                    o.insert("concurrency".into(), settings.concurrency.into());
-                }
-                println!("{out}");
+                let ratios: Vec<Option<f64>> = results
+                    .iter()
+                    .map(|r| drain::ratio_vs_single(&results, r))
+                    .collect();
+                let out = serde_json::json!({
+                    "bench": "drain",
+                    "concurrency": settings.concurrency,
+                    "keys": settings.keys,
+                    "batch_size": settings.batch_size,
+                    "batch_wait_secs": settings.batch_wait.as_secs_f64(),
+                    "modes": results,
+                    "ratio_vs_single": ratios,
+                });
+                println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
             } else {
-                drain::print_table(&settings, &r);
+                drain::print_table(&settings, &results);
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Pg(a) => pg::run(a).await,
     }
 }

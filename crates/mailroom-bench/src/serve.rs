@@ -1,28 +1,25 @@
 //! The hidden `__serve` subcommand: mailroom as `mailroom serve` runs it with
-//! default settings (SQLite store migrated at start, undeclared sources
+//! default settings (store — `sqlite://FILE` or `postgres://...` — migrated
+//! at start, undeclared sources
 //! accepted on loopback, Prometheus recorder installed), in a child process
 //! so its memory and CPU are measured apart from the load generator.
 //!
 //! Protocol with the parent: prints `LISTENING <addr>` once serving; stops
 //! gracefully when its stdin closes; then prints `COMMITS <n>` (write
-//! transactions of the SQLite writer) before exiting.
+//! transactions of the store's insert writer) before exiting.
 
 use anyhow::Context;
 use mailroom::Engine;
 use mailroom_server::{ServerOptions, router, serve};
-use mailroom_sqlite::{SqliteOptions, SqliteStore};
 use std::io::Write;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-pub async fn run(db: &Path, listen: &str, group_commit: bool, metrics: bool) -> anyhow::Result<()> {
-    let mut opts = SqliteOptions::new(db);
-    opts.group_commit = group_commit;
-    let sqlite = SqliteStore::open(opts).context("opening the SQLite store")?;
-    let store: Arc<dyn mailroom::Store> = Arc::new(sqlite.clone());
+pub async fn run(url: &str, listen: &str, group_commit: bool, metrics: bool) -> anyhow::Result<()> {
+    let opened = crate::backend::open_url(url, group_commit).await?;
+    let store: Arc<dyn mailroom::Store> = opened.store();
     store.migrate().await.context("migrating")?;
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -77,7 +74,7 @@ pub async fn run(db: &Path, listen: &str, group_commit: bool, metrics: bool) -> 
     drop(engine);
 
     let mut out = std::io::stdout().lock();
-    writeln!(out, "COMMITS {}", sqlite.commits())?;
+    writeln!(out, "COMMITS {}", opened.commits())?;
     out.flush()?;
     Ok(())
 }
