@@ -366,6 +366,9 @@ fn postgres_kind(cmdline: &str, own_prefix: &str) -> Option<String> {
 #[derive(Debug, Default)]
 pub struct Calls {
     pub claims: AtomicU64,
+    /// Time spent in claim calls (queueing included), µs, and the longest.
+    pub claim_micros: AtomicU64,
+    pub claim_max_micros: AtomicU64,
     pub empty_claims: AtomicU64,
     pub claimed: AtomicU64,
     pub asked: AtomicU64,
@@ -380,6 +383,9 @@ pub struct Calls {
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct CallCounts {
     pub claims: u64,
+    pub claim_micros: u64,
+    /// The longest claim since the counters started (not windowed).
+    pub claim_max_micros: u64,
     pub empty_claims: u64,
     pub claimed: u64,
     pub asked: u64,
@@ -396,6 +402,8 @@ impl Calls {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         CallCounts {
             claims: r(&self.claims),
+            claim_micros: r(&self.claim_micros),
+            claim_max_micros: r(&self.claim_max_micros),
             empty_claims: r(&self.empty_claims),
             claimed: r(&self.claimed),
             asked: r(&self.asked),
@@ -412,6 +420,8 @@ impl CallCounts {
     pub fn since(self, b: Self) -> Self {
         Self {
             claims: self.claims - b.claims,
+            claim_micros: self.claim_micros - b.claim_micros,
+            claim_max_micros: self.claim_max_micros,
             empty_claims: self.empty_claims - b.empty_claims,
             claimed: self.claimed - b.claimed,
             asked: self.asked - b.asked,
@@ -426,6 +436,8 @@ impl CallCounts {
     pub fn add(self, b: Self) -> Self {
         Self {
             claims: self.claims + b.claims,
+            claim_micros: self.claim_micros + b.claim_micros,
+            claim_max_micros: self.claim_max_micros.max(b.claim_max_micros),
             empty_claims: self.empty_claims + b.empty_claims,
             claimed: self.claimed + b.claimed,
             asked: self.asked + b.asked,
@@ -435,6 +447,11 @@ impl CallCounts {
             inserts: self.inserts + b.inserts,
             errors: self.errors + b.errors,
         }
+    }
+
+    /// Mean duration of a claim call, ms.
+    pub fn claim_ms(&self) -> f64 {
+        self.claim_micros as f64 / 1000.0 / self.claims.max(1) as f64
     }
 
     /// Events per non-empty claim.
@@ -477,7 +494,13 @@ impl Store for CountingStore {
     async fn claim(&self, req: &ClaimRequest) -> mailroom::Result<Vec<Claimed>> {
         bump(&self.calls.claims, 1);
         bump(&self.calls.asked, u64::from(req.max));
+        let started = std::time::Instant::now();
         let r = self.inner.claim(req).await;
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        bump(&self.calls.claim_micros, took);
+        self.calls
+            .claim_max_micros
+            .fetch_max(took, Ordering::Relaxed);
         match &r {
             Ok(v) if v.is_empty() => bump(&self.calls.empty_claims, 1),
             Ok(v) => bump(&self.calls.claimed, v.len() as u64),

@@ -453,6 +453,12 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
             r.events as f64 / r.drain_commits.max(1) as f64,
             r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
         );
+        println!(
+            "  {tag}: claims {:.2} ms each on average (longest {:.1} ms), in claim calls {:.0}% of the drain per instance",
+            r.calls.claim_ms(),
+            r.calls.claim_max_micros as f64 / 1000.0,
+            r.calls.claim_micros as f64 / 1e6 / r.drain_secs / r.instances.max(1) as f64 * 100.0,
+        );
         println!("  {tag}: cpu mailroom {}", fmt_cpu(&r.cpu));
         if !r.pg_cpu.is_empty() {
             println!("  {tag}: cpu postgres {}", fmt_cpu(&r.pg_cpu));
