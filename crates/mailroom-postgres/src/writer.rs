@@ -78,8 +78,14 @@ impl Writer {
     }
 }
 
+/// After the database proved unreachable, inserts fail at once for this long
+/// instead of each waiting out the pool's acquire timeout in turn (senders get
+/// a prompt 503 and retry); then the next group probes it again.
+const FAIL_FAST: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: Arc<AtomicU64>) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);
+    let mut down_since: Option<std::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         batch.push(first);
         while batch.len() < group {
@@ -88,9 +94,18 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: A
                 Err(_) => break,
             }
         }
+        if down_since.is_some_and(|t| t.elapsed() < FAIL_FAST) {
+            for job in batch.drain(..) {
+                let _ = job.reply.send(Err(StoreError::Unavailable(
+                    "the database is unreachable; retrying it within a second".into(),
+                )));
+            }
+            continue;
+        }
         let events: Vec<&NewEvent> = batch.iter().map(|j| &j.event).collect();
         match insert_batch(&pool, &events).await {
             Ok(answers) => {
+                down_since = None;
                 commits.fetch_add(1, Ordering::Relaxed);
                 for (job, answer) in batch.drain(..).zip(answers) {
                     // The caller may have gone away; nothing to do then.
@@ -111,9 +126,19 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: A
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, jobs = batch.len(), "insert group failed; nothing in it was committed");
+                // Usually nothing was committed; if the connection broke
+                // during COMMIT it may have been, which dedup makes harmless
+                // when the sender retries.
+                tracing::warn!(error = %e, jobs = batch.len(), "insert group failed");
                 for job in batch.drain(..) {
                     let _ = job.reply.send(Err(clone_error(&e)));
+                }
+                if matches!(e, StoreError::Unavailable(_)) {
+                    down_since = Some(std::time::Instant::now());
+                    // Whatever queued up meanwhile would fail the same way.
+                    while let Ok(job) = rx.try_recv() {
+                        let _ = job.reply.send(Err(clone_error(&e)));
+                    }
                 }
             }
         }

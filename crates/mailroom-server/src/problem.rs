@@ -96,7 +96,9 @@ impl From<StoreError> for Problem {
             }
             other => {
                 tracing::error!(error = %other, "store error");
-                Problem::unavailable("the store is unavailable; nothing was stored")
+                Problem::unavailable(
+                    "the store is unavailable; the event may not have been stored, so retry (a repeat is deduplicated)",
+                )
             }
         }
     }
