@@ -11,7 +11,10 @@
 //! - [`tests`]: the tests themselves, as plain async functions of a store,
 //!   for backends that want to call them another way.
 //!
-//! ```ignore
+//! A backend's test file holds one line of it; the SQLite one
+//! (`crates/mailroom-sqlite/tests/conformance.rs`, compiled and run) is:
+//!
+//! ```text
 //! mailroom_conformance::suite!(async {
 //!     let dir = tempfile::tempdir().unwrap();
 //!     let store = SqliteStore::open(SqliteOptions::new(dir.path().join("t.db"))).unwrap();
