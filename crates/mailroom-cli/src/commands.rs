@@ -494,9 +494,8 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
             config.origin
         );
     }
-    // Building the engine validates every topic, source, handler and secret.
-    let store: Arc<dyn Store> = Arc::new(NoStore);
-    let engine = Engine::from_config(&config, store)?.build()?;
+    // Validates every topic, source, handler and secret, without a store.
+    let topology = mailroom::topology::Topology::from_config(&config)?;
     for (i, s) in config.sources.iter().enumerate() {
         let topic = s.topic.clone().unwrap_or_else(|| s.name.clone());
         if !config.topics.iter().any(|t| t.name == topic) {
@@ -505,17 +504,6 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
                 s.name
             ));
         }
-    }
-    for t in engine.topics() {
-        if matches!(t.mode, mailroom::Mode::Batch(_)) {
-            warnings.push(format!(
-                "topic {:?}: batch mode is not available in this build; its events stay pending",
-                t.name
-            ));
-        }
-    }
-    if config.amqp.is_some() {
-        warnings.push("[amqp]: AMQP is not available in this build; the section is ignored".into());
     }
     if json {
         outln!(
@@ -526,9 +514,9 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
         outln!("{}: ok", config.origin);
         outln!("  listen  {}", config.listen);
         outln!("  store   {}", config.store.url);
-        let mut topics: Vec<_> = engine.topics().collect();
-        topics.sort_by(|a, b| a.name.cmp(&b.name));
-        for t in topics {
+        let mut topics: Vec<_> = topology.topics.iter().collect();
+        topics.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        for (t, handler) in topics {
             outln!(
                 "  topic   {} ({}, concurrency {}, {} attempts, timeout {}, handler: {})",
                 t.name,
@@ -536,7 +524,7 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
                 t.concurrency,
                 t.retry.max_attempts,
                 mailroom::duration::format(t.timeout),
-                if engine.has_handler(&t.name) {
+                if handler.is_some() {
                     "built-in"
                 } else {
                     "pull"
@@ -562,75 +550,4 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A store that refuses everything: `config check` builds an engine to
-/// validate the configuration without touching the real store.
-#[derive(Debug)]
-struct NoStore;
-
-#[async_trait::async_trait]
-impl Store for NoStore {
-    async fn migrate(&self) -> mailroom::Result<()> {
-        Err(unavailable())
-    }
-    async fn insert(&self, _: mailroom::NewEvent) -> mailroom::Result<mailroom::Inserted> {
-        Err(unavailable())
-    }
-    async fn claim(&self, _: &mailroom::ClaimRequest) -> mailroom::Result<Vec<mailroom::Claimed>> {
-        Err(unavailable())
-    }
-    async fn complete(
-        &self,
-        _: EventId,
-        _: mailroom::FencingToken,
-        _: mailroom::Completion,
-    ) -> mailroom::Result<()> {
-        Err(unavailable())
-    }
-    async fn extend(
-        &self,
-        _: EventId,
-        _: mailroom::FencingToken,
-        _: std::time::Duration,
-    ) -> mailroom::Result<jiff::Timestamp> {
-        Err(unavailable())
-    }
-    async fn rescue_expired(&self) -> mailroom::Result<u64> {
-        Err(unavailable())
-    }
-    async fn next_due(
-        &self,
-        _: &mailroom::ClaimRequest,
-    ) -> mailroom::Result<Option<jiff::Timestamp>> {
-        Err(unavailable())
-    }
-    async fn get(&self, _: EventId) -> mailroom::Result<Option<mailroom::Event>> {
-        Err(unavailable())
-    }
-    async fn list(&self, _: &ListFilter) -> mailroom::Result<mailroom::Page> {
-        Err(unavailable())
-    }
-    async fn replay(&self, _: EventId, _: u32) -> mailroom::Result<mailroom::Event> {
-        Err(unavailable())
-    }
-    async fn replay_matching(&self, _: &ListFilter, _: u32) -> mailroom::Result<u64> {
-        Err(unavailable())
-    }
-    async fn skip(&self, _: EventId) -> mailroom::Result<mailroom::Event> {
-        Err(unavailable())
-    }
-    async fn stats(&self) -> mailroom::Result<Vec<mailroom::TopicStats>> {
-        Err(unavailable())
-    }
-    async fn purge(&self, _: Retention) -> mailroom::Result<mailroom::PurgeReport> {
-        Err(unavailable())
-    }
-    async fn now(&self) -> mailroom::Result<jiff::Timestamp> {
-        Err(unavailable())
-    }
-}
-
-fn unavailable() -> mailroom::StoreError {
-    mailroom::StoreError::Unavailable("config check does not open the store".into())
 }

@@ -293,38 +293,16 @@ impl Engine {
         config: &Config,
         store: Arc<dyn Store>,
     ) -> Result<EngineBuilder, ConfigError> {
-        let mut b = Self::builder(store).retention(Retention {
-            done: config.retention.done,
-            dead: config.retention.dead,
-            dedup: config.retention.dedup,
-        });
-        if config.amqp.is_some() {
-            return Err(config.invalid("amqp", "AMQP topology is not available in this build yet"));
-        }
-        for (i, t) in config.topics.iter().enumerate() {
-            let spec = TopicSpec::from_config(t, i, config)?;
-            if let mailroom_core::Mode::Batch(b) = &spec.mode
-                && let Some(s) = &b.schedule
-            {
-                mailroom_core::cron::Cron::parse(s).map_err(|e| {
-                    config.invalid(format!("topic[{i}].batch.schedule"), e.to_string())
-                })?;
-            }
-            if let Some(h) = &t.handler {
-                if let Some(handler) = crate::handler_config::build(h, &spec, i, config)? {
-                    b = b.handler(spec.name.clone(), handler);
-                }
+        let topology = crate::topology::Topology::from_config(config)?;
+        let mut b = Self::builder(store).retention(topology.retention);
+        for (spec, handler) in topology.topics {
+            if let Some(h) = handler {
+                b = b.handler(spec.name.clone(), h);
             }
             b = b.topic(spec);
         }
-        for (i, s) in config.sources.iter().enumerate() {
-            if s.amqp.is_some() {
-                return Err(config.invalid(
-                    format!("source[{i}].amqp"),
-                    "AMQP sources are not available in this build yet",
-                ));
-            }
-            b = b.source(SourceSpec::from_config(s, i, config)?);
+        for s in topology.sources {
+            b = b.source(s);
         }
         Ok(b)
     }

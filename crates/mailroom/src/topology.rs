@@ -5,6 +5,7 @@
 use crate::config::{
     Config, ConfigError, FieldConfig, ModeName, OnDeadName, RetryConfig, TopicConfig,
 };
+use crate::handler::SharedHandler;
 use mailroom_core::{Backoff, BatchSettings, Mode, OnDead, RetryPolicy, duration};
 use std::time::Duration;
 
@@ -363,5 +364,63 @@ mod tests {
         for bad in ["", "1000", "0/s", "-1/s", "x/s", "10/d", "1.5/s"] {
             assert!(bad.parse::<RateLimit>().is_err(), "{bad:?}");
         }
+    }
+}
+
+/// Everything a configuration declares, validated and built (handlers
+/// included), without a store: what `Engine::from_config` assembles and what
+/// `mailroom config check` inspects.
+#[derive(Debug)]
+pub struct Topology {
+    /// Topics, each with its built-in handler (`None`: pulled).
+    pub topics: Vec<(TopicSpec, Option<SharedHandler>)>,
+    /// Webhook sources.
+    pub sources: Vec<SourceSpec>,
+    /// Retention windows.
+    pub retention: mailroom_core::Retention,
+}
+
+impl Topology {
+    /// Validates `config` and builds its topics, handlers and sources; the
+    /// first problem is an error naming its key.
+    pub fn from_config(config: &Config) -> Result<Topology, ConfigError> {
+        if config.amqp.is_some() {
+            return Err(config.invalid("amqp", "AMQP topology is not available in this build yet"));
+        }
+        let mut topics = Vec::new();
+        for (i, t) in config.topics.iter().enumerate() {
+            let spec = TopicSpec::from_config(t, i, config)?;
+            if let Mode::Batch(b) = &spec.mode
+                && let Some(s) = &b.schedule
+            {
+                mailroom_core::cron::Cron::parse(s).map_err(|e| {
+                    config.invalid(format!("topic[{i}].batch.schedule"), e.to_string())
+                })?;
+            }
+            let handler = match &t.handler {
+                Some(h) => crate::handler_config::build(h, &spec, i, config)?,
+                None => None,
+            };
+            topics.push((spec, handler));
+        }
+        let mut sources = Vec::new();
+        for (i, s) in config.sources.iter().enumerate() {
+            if s.amqp.is_some() {
+                return Err(config.invalid(
+                    format!("source[{i}].amqp"),
+                    "AMQP sources are not available in this build yet",
+                ));
+            }
+            sources.push(SourceSpec::from_config(s, i, config)?);
+        }
+        Ok(Topology {
+            topics,
+            sources,
+            retention: mailroom_core::Retention {
+                done: config.retention.done,
+                dead: config.retention.dead,
+                dedup: config.retention.dedup,
+            },
+        })
     }
 }
