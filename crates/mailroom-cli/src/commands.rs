@@ -275,6 +275,9 @@ async fn serve(config: Config) -> Result<()> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
+    if config.alerts.any() {
+        tracing::warn!("{}", mailroom::config::ALERTS_NOT_EVALUATED);
+    }
     if loopback && config.sources.is_empty() {
         tracing::info!(
             "no sources declared: any POST /webhooks/<name> is accepted on loopback (topic = <name>)"
@@ -496,6 +499,9 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
     }
     // Validates every topic, source, handler and secret, without a store.
     let topology = mailroom::topology::Topology::from_config(&config)?;
+    if config.alerts.any() {
+        warnings.push(mailroom::config::ALERTS_NOT_EVALUATED.to_string());
+    }
     for (i, s) in config.sources.iter().enumerate() {
         let topic = s.topic.clone().unwrap_or_else(|| s.name.clone());
         if !config.topics.iter().any(|t| t.name == topic) {

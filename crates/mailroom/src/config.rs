@@ -490,6 +490,21 @@ pub struct HttpHandlerConfig {
     pub permanent_statuses: Option<Vec<u16>>,
 }
 
+impl AlertsConfig {
+    /// Whether any threshold is set.
+    pub fn any(&self) -> bool {
+        self.dead_letter_depth.is_some()
+            || self.backlog.is_some()
+            || self.failure_rate.is_some()
+            || self.processing_time.is_some()
+    }
+}
+
+/// Warning for `[alerts]`: the thresholds are accepted for forward
+/// compatibility but not evaluated by this version (use the Prometheus
+/// metrics and the shipped rule examples instead).
+pub const ALERTS_NOT_EVALUATED: &str = "[alerts]: thresholds are not evaluated by this version; alert on the Prometheus metrics (mailroom_dead_letter_depth, mailroom_queue_depth, mailroom_oldest_pending_age_seconds, mailroom_events_processed_total) instead: deploy/prometheus-alerts.yml has rules for these thresholds";
+
 impl Config {
     /// Loads `path` (or only defaults when `None`), interpolating `${VAR}`
     /// and applying `MAILROOM_*` overrides from `env`.
