@@ -40,7 +40,12 @@ use std::process::ExitCode;
 
 /// Reliable event intake and processing: the transactional inbox and outbox.
 #[derive(Debug, Parser)]
-#[command(name = "mailroom", version, about, propagate_version = true)]
+#[command(
+    name = "mailroom",
+    version,
+    about = "Reliable event intake and processing: the transactional inbox and outbox.",
+    propagate_version = true
+)]
 pub struct Cli {
     /// Configuration file (default: $MAILROOM_CONFIG, else ./mailroom.toml if present, else built-in defaults).
     #[arg(long, global = true, value_name = "FILE")]
