@@ -181,6 +181,9 @@ async fn outbox_enqueue_follows_the_application_transaction() {
     let a = mailroom_postgres::outbox::enqueue(&mut conn, "payments", "x", None, &payload, None)
         .await
         .unwrap();
+    // UUIDv7 orders by millisecond; within one millisecond the random bits
+    // decide, so let a millisecond pass before checking the order.
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     let b = mailroom_postgres::outbox::enqueue(&mut conn, "payments", "x", None, &payload, None)
         .await
         .unwrap();
