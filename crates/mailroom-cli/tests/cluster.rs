@@ -296,23 +296,12 @@ async fn three_instances_on_one_database_survive_kill_9() {
     // Drain: every stored event reaches `done` (leases of the killed
     // instance expire after 3 s and are rescued by the maintenance leader).
     let pool = sqlx::PgPool::connect(&db_url).await.expect("connect");
-    let t_drain = Instant::now();
-    loop {
-        let open: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM mailroom.events WHERE status <> 'done'")
-                .fetch_one(&pool)
-                .await
-                .expect("count");
-        if open == 0 {
-            break;
-        }
-        assert!(
-            t_drain.elapsed() < Duration::from_secs(120),
-            "{open} events still not done after 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let drain_time = t_drain.elapsed();
+    let drain_time = support::wait_all_done(
+        &pool,
+        Duration::from_secs(120),
+        "still not done after 120 s",
+    )
+    .await;
     // Deliveries in flight at the last check have ended by now.
     tokio::time::sleep(Duration::from_millis(100)).await;
 

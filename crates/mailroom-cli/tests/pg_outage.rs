@@ -290,22 +290,12 @@ handler = {{ http = {{ url = "{}" }} }}
         })
         .collect();
     let pool = sqlx::PgPool::connect(pg.url()).await.expect("connect");
-    let t_drain = Instant::now();
-    loop {
-        let open: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM mailroom.events WHERE status <> 'done'")
-                .fetch_one(&pool)
-                .await
-                .expect("count");
-        if open == 0 {
-            break;
-        }
-        assert!(
-            t_drain.elapsed() < Duration::from_secs(60),
-            "{open} events not done 60 s after the outage"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let drain_time = support::wait_all_done(
+        &pool,
+        Duration::from_secs(60),
+        "not done 60 s after the outage",
+    )
+    .await;
     let keys: HashSet<String> = sqlx::query_scalar("SELECT dedup_key FROM mailroom.events")
         .fetch_all(&pool)
         .await
@@ -337,7 +327,7 @@ handler = {{ http = {{ url = "{}" }} }}
          cut after the commit); all delivered; drain {:.1}s; total {:.1}s",
         acked.len(),
         keys.len() - acked.len(),
-        t_drain.elapsed().as_secs_f64(),
+        drain_time.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
 }

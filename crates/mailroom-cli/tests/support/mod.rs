@@ -236,6 +236,24 @@ impl Receiver {
 }
 
 /// A cheap pseudo-random number below `n` (test jitter, not cryptography).
+/// Waits until every row of `mailroom.events` is `done`, polling every
+/// 200 ms; fails with `what` after `limit`. Returns how long it took.
+pub async fn wait_all_done(pool: &sqlx::PgPool, limit: Duration, what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let open: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM mailroom.events WHERE status <> 'done'")
+                .fetch_one(pool)
+                .await
+                .expect("count");
+        if open == 0 {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "{open} events {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 pub fn rand_below(n: u64) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
