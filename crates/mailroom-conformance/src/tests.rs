@@ -266,7 +266,7 @@ pub async fn stale_token_is_rejected_after_rescue_and_reclaim(s: S) {
 }
 
 /// A batch of completions applies each item on its own token: current ones
-/// are recorded (with history), a stale one fails alone.
+/// are recorded (with history), a stale, repeated or unknown one fails alone.
 pub async fn complete_many_applies_each_item_on_its_own_token(s: S) {
     let a = insert(&s, "orders", "a", None).await;
     let b = insert(&s, "orders", "b", None).await;
@@ -292,9 +292,12 @@ pub async fn complete_many_applies_each_item_on_its_own_token(s: S) {
                     error: "later".into(),
                 },
             ),
+            // The same completion again: the first one used the token.
+            (a, token(a), Completion::Done),
+            (EventId::new(), FencingToken(1), Completion::Done),
         ])
         .await;
-    assert_eq!(results.len(), 3);
+    assert_eq!(results.len(), 5);
     assert!(results[0].is_ok(), "{:?}", results[0]);
     assert!(
         matches!(results[1], Err(StoreError::StaleToken)),
@@ -302,9 +305,21 @@ pub async fn complete_many_applies_each_item_on_its_own_token(s: S) {
         results[1]
     );
     assert!(results[2].is_ok(), "{:?}", results[2]);
+    assert!(
+        matches!(results[3], Err(StoreError::StaleToken)),
+        "{:?}",
+        results[3]
+    );
+    assert!(
+        matches!(results[4], Err(StoreError::NotFound)),
+        "{:?}",
+        results[4]
+    );
     let ga = s.get(a).await.unwrap().unwrap();
     assert_eq!(ga.status, Status::Done);
     assert_eq!(ga.history.len(), 1);
+    assert_eq!(ga.history[0].outcome, AttemptOutcome::Done);
+    assert_eq!(ga.history[0].attempt, token(a).0);
     assert_eq!(s.get(b).await.unwrap().unwrap().status, Status::Running);
     let gc = s.get(c).await.unwrap().unwrap();
     assert_eq!(gc.status, Status::Pending);

@@ -144,8 +144,9 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// One writer job for the whole set: no per-event queue message or
-    /// savepoint. A stale or unknown item fails alone (it writes nothing); any
+    /// One writer job for the whole set, applied set-based
+    /// ([`sql::complete_many`]): no per-event queue message, savepoint or
+    /// statement. A stale or unknown item fails alone (it writes nothing); any
     /// other error fails the job, whose savepoint then undoes all of it.
     async fn complete_many(
         &self,
@@ -154,16 +155,7 @@ impl Store for SqliteStore {
         let n = items.len();
         let outcome = self
             .write(WhenFull::Shed, move |c, now| {
-                let mut results = Vec::with_capacity(items.len());
-                for (id, token, completion) in &items {
-                    match sql::complete(c, *id, *token, completion, now) {
-                        Ok(()) => results.push(Ok(())),
-                        Err(StoreError::StaleToken) => results.push(Err(StoreError::StaleToken)),
-                        Err(StoreError::NotFound) => results.push(Err(StoreError::NotFound)),
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(results)
+                sql::complete_many(c, &items, now)
             })
             .await;
         match outcome {
