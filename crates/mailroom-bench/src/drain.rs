@@ -476,3 +476,96 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
         );
     }
 }
+
+/// The median of `xs` (the mean of the middle two for an even count).
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(xs[n / 2]),
+        _ => Some((xs[n / 2 - 1] + xs[n / 2]) / 2.0),
+    }
+}
+
+/// Per mode over all rounds: median events/s and median ratio vs the
+/// `single` figure of the same round.
+#[derive(Debug, serde::Serialize)]
+pub struct MedianResult {
+    pub mode: DrainMode,
+    pub events_per_sec: f64,
+    pub ratio_vs_single: Option<f64>,
+}
+
+pub fn medians(rounds: &[Vec<DrainResult>]) -> Vec<MedianResult> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|r| {
+            let same = |round: &[DrainResult]| -> Option<DrainResult> {
+                round.iter().find(|x| x.mode == r.mode).cloned()
+            };
+            let per_round: Vec<(f64, Option<f64>)> = rounds
+                .iter()
+                .filter_map(|round| {
+                    let x = same(round)?;
+                    Some((x.events_per_sec, ratio_vs_single(round, &x)))
+                })
+                .collect();
+            MedianResult {
+                mode: r.mode,
+                events_per_sec: median(per_round.iter().map(|p| p.0).collect()).unwrap_or(0.0),
+                ratio_vs_single: median(per_round.iter().filter_map(|p| p.1).collect()),
+            }
+        })
+        .collect()
+}
+
+/// Each round's figures on a line per mode, then the medians.
+pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
+    println!(
+        "drain: {} rounds of {} events each, body {} B, no-op handlers; single/sequential concurrency {}, sequential over {} keys, batch max_size {} max_wait {} concurrency {}",
+        rounds.len(),
+        s.events,
+        s.body_size,
+        s.concurrency,
+        s.keys,
+        s.batch_size,
+        mailroom::duration::format(s.batch_wait),
+        s.batch_concurrency,
+    );
+    println!(
+        "{:<6} {:<11} {:<12} {:>9} {:>9} {:>9} {:>8}",
+        "round", "mode", "store", "drain s", "events/s", "vs single", "mr cpu"
+    );
+    for (i, round) in rounds.iter().enumerate() {
+        for r in round {
+            let ratio = ratio_vs_single(round, r)
+                .map(|x| format!("{x:.2}x"))
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{:<6} {:<11} {:<12} {:>9.2} {:>9.0} {:>9} {:>7.0}%",
+                i + 1,
+                r.mode.name(),
+                label(r),
+                r.drain_secs,
+                r.events_per_sec,
+                ratio,
+                r.cpu.values().sum::<f64>() * 100.0,
+            );
+        }
+    }
+    println!("median over {} rounds:", rounds.len());
+    for m in medians(rounds) {
+        println!(
+            "  {:<11} {:>9.0} events/s  {}",
+            m.mode.name(),
+            m.events_per_sec,
+            m.ratio_vs_single
+                .map(|x| format!("{x:.2}x single (median of the rounds' ratios)"))
+                .unwrap_or_default(),
+        );
+    }
+}

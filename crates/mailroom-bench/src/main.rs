@@ -99,6 +99,11 @@ struct DrainArgs {
     /// (PostgreSQL only).
     #[arg(long, default_value_t = 1)]
     instances: usize,
+    /// Run every mode this many times, in rounds (single, sequential,
+    /// batch, single, ...), and report each round's ratios and their
+    /// medians: on a noisy machine one round can be off by 30%.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     #[command(flatten)]
     drain: DrainSettingsArgs,
     /// Print the figures as one JSON object.
@@ -281,10 +286,28 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Drain(a) => {
             let settings = a.drain.settings();
-            let mut results = Vec::new();
-            for mode in &a.modes {
-                results.push(drain::run(&settings, *mode, &a.store, a.instances).await?);
+            let mut rounds = Vec::new();
+            for _ in 0..a.rounds.max(1) {
+                let mut round = Vec::new();
+                for mode in &a.modes {
+                    round.push(drain::run(&settings, *mode, &a.store, a.instances).await?);
+                }
+                rounds.push(round);
             }
+            if rounds.len() > 1 {
+                if a.json {
+                    let out = serde_json::json!({
+                        "bench": "drain",
+                        "rounds": rounds,
+                        "median": drain::medians(&rounds),
+                    });
+                    println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
+                } else {
+                    drain::print_rounds(&settings, &rounds);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let results = rounds.remove(0);
             if a.json {
                 let ratios: Vec<Option<f64>> = results
                     .iter()
