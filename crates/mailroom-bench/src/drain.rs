@@ -478,7 +478,7 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
 }
 
 /// The median of `xs` (the mean of the middle two for an even count).
-fn median(mut xs: Vec<f64>) -> Option<f64> {
+pub fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
     match n {

@@ -182,6 +182,10 @@ struct PgArgs {
     /// Skip drain (intake only).
     #[arg(long)]
     no_drain: bool,
+    /// Drain rounds (each: SQLite, PostgreSQL x1, x2); the summary gives
+    /// the medians, and the x2/x1 ratio as the median of each round's.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     #[command(flatten)]
     drain: DrainSettingsArgs,
     /// Print the figures as one JSON object.

@@ -49,16 +49,34 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
     }
 
     let settings = a.drain.settings();
-    let mut drains = Vec::new();
+    let mut rounds: Vec<Vec<drain::DrainResult>> = Vec::new();
     if !a.no_drain {
-        for (b, n) in &targets {
-            drains.push(drain::run(&settings, a.mode, b, *n).await?);
-        }
-        if !a.json {
-            drain::print_table(&settings, &drains);
-            println!();
+        for round in 0..a.rounds.max(1) {
+            let mut drains = Vec::new();
+            for (b, n) in &targets {
+                drains.push(drain::run(&settings, a.mode, b, *n).await?);
+            }
+            if !a.json {
+                if a.rounds > 1 {
+                    println!("round {} of {}:", round + 1, a.rounds);
+                }
+                drain::print_table(&settings, &drains);
+                println!();
+            }
+            rounds.push(drains);
         }
     }
+    // Per target, the median over rounds; x2/x1 is the median of each
+    // round's own ratio (both measured within minutes of each other).
+    let of_round = |round: &[drain::DrainResult], store: &str, n: usize| {
+        round
+            .iter()
+            .find(|r| r.store == store && r.instances == n)
+            .map(|r| r.events_per_sec)
+    };
+    let median_of = |f: &dyn Fn(&[drain::DrainResult]) -> Option<f64>| {
+        drain::median(rounds.iter().filter_map(|r| f(r)).collect())
+    };
 
     let ingest_of = |store: &str, n: usize| {
         ingests
@@ -66,25 +84,25 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
             .find(|r| r.store == store && r.instances == n)
             .map(|r| r.acks_per_sec)
     };
-    let drain_of = |store: &str, n: usize| {
-        drains
-            .iter()
-            .find(|r| r.store == store && r.instances == n)
-            .map(|r| r.events_per_sec)
-    };
+    let drain_of = |store: &str, n: usize| median_of(&|r| of_round(r, store, n));
     let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
         (Some(x), Some(y)) if y > 0.0 => Some(x / y),
         _ => None,
     };
     let rows = [("sqlite", 1), ("postgres", 1), ("postgres", 2)];
     let scale_ingest = ratio(ingest_of("postgres", 2), ingest_of("postgres", 1));
-    let scale_drain = ratio(drain_of("postgres", 2), drain_of("postgres", 1));
+    let round_scales: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| ratio(of_round(r, "postgres", 2), of_round(r, "postgres", 1)))
+        .collect();
+    let scale_drain = drain::median(round_scales.clone());
     if a.json {
         let out = serde_json::json!({
             "bench": "pg",
             "server_version": version,
             "ingest": ingests,
-            "drain": drains,
+            "drain": rounds,
+            "drain_x2_over_x1_per_round": round_scales,
             "ratio_postgres_x2_over_x1": {"ingest": scale_ingest, "drain": scale_drain},
         });
         println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
@@ -92,10 +110,23 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
         let f = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.0}"));
         let x = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.2}x"));
         println!(
-            "summary: intake concurrency {} (group commit), drain {} events ({} topic)",
+            "summary: intake concurrency {} (group commit), drain {} events ({} topic){}",
             a.ingest_concurrency,
             settings.events,
-            a.mode.name()
+            a.mode.name(),
+            if rounds.len() > 1 {
+                format!(
+                    "; drain figures are medians of {} rounds, x2/x1 per round: {}",
+                    rounds.len(),
+                    round_scales
+                        .iter()
+                        .map(|x| format!("{x:.2}x"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
+            } else {
+                String::new()
+            }
         );
         println!(
             "{:<14} {:>14} {:>16}",
