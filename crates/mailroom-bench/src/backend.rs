@@ -580,6 +580,12 @@ impl Store for CountingStore {
     async fn stats(&self) -> mailroom::Result<Vec<TopicStats>> {
         self.inner.stats().await
     }
+    async fn attempt_window(
+        &self,
+        window: std::time::Duration,
+    ) -> mailroom::Result<Vec<mailroom::AttemptWindow>> {
+        self.inner.attempt_window(window).await
+    }
 
     async fn purge(&self, retention: Retention) -> mailroom::Result<PurgeReport> {
         self.inner.purge(retention).await

@@ -276,7 +276,10 @@ async fn serve(config: Config) -> Result<()> {
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
     if config.alerts.any() {
-        tracing::warn!("{}", mailroom::config::ALERTS_NOT_EVALUATED);
+        tracing::info!(
+            window = %mailroom::duration::format(mailroom::alert::ALERT_WINDOW),
+            "[alerts] evaluated every 10s by the instance that holds maintenance: see the logs, /v1/stats and mailroom status"
+        );
     }
     if loopback && config.sources.is_empty() {
         tracing::info!(
@@ -372,7 +375,9 @@ async fn wait_for_signals(shutdown: CancellationToken) {
 
 async fn status(config: &Config, json: bool) -> Result<()> {
     // Through the engine, so blocked keys count only where a dead head blocks.
-    let stats = offline_engine(config).await?.stats().await?;
+    let engine = offline_engine(config).await?;
+    let stats = engine.stats().await?;
+    let alerts = engine.alerts().await?;
     let now = jiff::Timestamp::now();
     let age = |t: Option<jiff::Timestamp>| {
         t.map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
@@ -393,7 +398,11 @@ async fn status(config: &Config, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        outln!("{}", serde_json::json!({ "topics": topics }));
+        let alerts: Vec<_> = alerts.iter().map(alert_json).collect();
+        outln!(
+            "{}",
+            serde_json::json!({ "topics": topics, "alerts": alerts })
+        );
         return Ok(());
     }
     if stats.is_empty() {
@@ -433,7 +442,28 @@ async fn status(config: &Config, json: bool) -> Result<()> {
             &rows
         )
     );
+    if engine.alert_rules().any() {
+        if alerts.is_empty() {
+            outln!("\nalerts: none firing");
+        } else {
+            outln!("\nalerts firing:");
+            for a in &alerts {
+                outln!("  {:<18} {}", a.kind.as_str(), a.message);
+            }
+        }
+    }
     Ok(())
+}
+
+/// An alert as `/v1/stats` and `status --json` show it.
+fn alert_json(a: &mailroom::Alert) -> serde_json::Value {
+    serde_json::json!({
+        "topic": a.topic,
+        "alert": a.kind.as_str(),
+        "value": a.value,
+        "threshold": a.threshold,
+        "message": a.message,
+    })
 }
 
 fn show(e: &mailroom::Event) {
@@ -499,9 +529,6 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
     }
     // Validates every topic, source, handler and secret, without a store.
     let topology = mailroom::topology::Topology::from_config(&config)?;
-    if config.alerts.any() {
-        warnings.push(mailroom::config::ALERTS_NOT_EVALUATED.to_string());
-    }
     for (i, s) in config.sources.iter().enumerate() {
         let topic = s.topic.clone().unwrap_or_else(|| s.name.clone());
         if !config.topics.iter().any(|t| t.name == topic) {

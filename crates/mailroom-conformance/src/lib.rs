@@ -131,6 +131,7 @@ macro_rules! suite {
             next_due_reports_the_earliest_claimable_time,
             list_filters_and_pages_newest_first,
             stats_count_statuses_oldest_pending_and_blocked_keys,
+            attempt_window_counts_recent_attempts_and_the_longest_running,
             purge_drops_payloads_but_keeps_dedup,
             purge_deletes_rows_past_the_dedup_window,
         );

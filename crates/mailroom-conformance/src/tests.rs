@@ -326,6 +326,51 @@ pub async fn complete_many_applies_each_item_on_its_own_token(s: S) {
     assert_eq!(gc.last_error.as_deref(), Some("later"));
 }
 
+/// `attempt_window` reports, per topic, the attempts finished in the window
+/// (failed ones apart, with a p95 duration) and the oldest running attempt.
+pub async fn attempt_window_counts_recent_attempts_and_the_longest_running(s: S) {
+    let a = insert(&s, "orders", "a", None).await;
+    let b = insert(&s, "orders", "b", None).await;
+    let c = insert(&s, "orders", "c", None).await;
+    insert(&s, "idle", "d", None).await;
+    let claimed = claim(&s, &req("orders", 3)).await;
+    let token = |id| claimed.iter().find(|x| x.event.id == id).unwrap().token;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    s.complete(a, token(a), Completion::Done).await.unwrap();
+    s.complete(
+        b,
+        token(b),
+        Completion::Retry {
+            delay: HOUR,
+            error: "later".into(),
+        },
+    )
+    .await
+    .unwrap();
+    // c is still running.
+    let _ = c;
+    let windows = s.attempt_window(HOUR).await.unwrap();
+    assert_eq!(windows.len(), 1, "only topics with attempts: {windows:?}");
+    let w = &windows[0];
+    assert_eq!(w.topic, "orders");
+    assert_eq!((w.finished, w.failed), (2, 1));
+    let p95 = w.p95.expect("a p95 of two attempts");
+    assert!(
+        p95 >= Duration::from_millis(25) && p95 < Duration::from_secs(60),
+        "{p95:?}"
+    );
+    let running = w.longest_running.expect("c is running");
+    assert!(
+        running >= Duration::from_millis(25) && running < Duration::from_secs(60),
+        "{running:?}"
+    );
+    // Once c finishes nothing runs; attempts older than the window drop out.
+    s.complete(c, token(c), Completion::Done).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let recent = s.attempt_window(Duration::from_millis(10)).await.unwrap();
+    assert!(recent.is_empty(), "{recent:?}");
+}
+
 /// Extend pushes the lease with the current token and refuses any other.
 pub async fn extend_needs_the_current_token(s: S) {
     let id = insert(&s, "orders", "e", None).await;

@@ -13,12 +13,14 @@
 //! - [`store`]: the [`Store`] trait every storage backend implements, and the
 //!   query/stats types it speaks.
 //! - [`cron`]: five-field UTC schedules for batch topics.
+//! - [`alert`]: the `[alerts]` thresholds ([`AlertRules`]) and [`evaluate`](alert::evaluate).
 //! - [`duration`]: the `"100ms" | "2s" | "5m" | "1h" | "7d"` format used in
 //!   configuration and on the command line.
 //!
 //! Everything that touches a disk, a socket or a clock lives in other crates;
 //! the one exception is [`Timestamp::now`]-style helpers being *passed in*.
 
+pub mod alert;
 pub mod cron;
 pub mod duration;
 pub mod error;
@@ -29,6 +31,7 @@ pub mod outcome;
 pub mod retry;
 pub mod store;
 
+pub use alert::{Alert, AlertKind, AlertRules, AttemptWindow};
 pub use error::{Result, StoreError};
 pub use event::{Attempt, AttemptOutcome, Event, EventId, NewEvent, Status};
 pub use jiff::Timestamp;

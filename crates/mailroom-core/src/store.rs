@@ -2,6 +2,7 @@
 //! the small types it speaks. A backend's SQL lives in its own crate; the
 //! shared conformance suite (`mailroom-conformance`) holds them to this page.
 
+use crate::alert::AttemptWindow;
 use crate::error::Result;
 use crate::event::{Event, EventId, NewEvent, Status};
 use crate::lease::{Claimed, FencingToken};
@@ -188,6 +189,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Applies retention.
     async fn purge(&self, retention: Retention) -> Result<PurgeReport>;
+
+    /// Per topic, the attempts finished in the last `window` (how many, how
+    /// many failed, their p95 duration) and the age of the oldest attempt
+    /// still running: what `failure_rate` and `processing_time` alerts need.
+    /// Topics with neither are absent.
+    async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>>;
 
     /// The store's clock.
     async fn now(&self) -> Result<Timestamp>;

@@ -9,8 +9,9 @@
 use bytes::Bytes;
 use jiff::Timestamp;
 use mailroom_core::{
-    Attempt, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, KeyCursor,
-    ListFilter, OnDead, Page, PurgeReport, Result, Retention, Status, StoreError, TopicStats,
+    Attempt, AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
+    KeyCursor, ListFilter, OnDead, Page, PurgeReport, Result, Retention, Status, StoreError,
+    TopicStats,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -643,6 +644,69 @@ pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
         events,
         next_cursor,
     })
+}
+
+/// See [`Store::attempt_window`](mailroom_core::Store::attempt_window): the
+/// window's attempts come from the BRIN index `attempts_finished`
+/// (migration 4); `percentile_disc` is the nearest-rank p95, as on SQLite.
+pub(crate) async fn attempt_window(pool: &PgPool, window: Duration) -> Result<Vec<AttemptWindow>> {
+    const CTX: &str = "reading recent attempts";
+    let micros_of = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    let rows = sqlx::query(
+        "SELECT e.topic, count(*)::int8, (count(*) FILTER (WHERE a.outcome <> 'done'))::int8,
+                (extract(epoch FROM percentile_disc(0.95) WITHIN GROUP
+                    (ORDER BY greatest(a.finished_at - a.started_at, interval '0'))) * 1000000)::int8
+         FROM mailroom.attempts a JOIN mailroom.events e ON e.seq = a.event_seq
+         WHERE a.finished_at >= now() - make_interval(secs => $1::float8 / 1000000)
+         GROUP BY e.topic",
+    )
+    .bind(micros(window))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    let mut by_topic: BTreeMap<String, AttemptWindow> = BTreeMap::new();
+    for row in &rows {
+        let topic: String = col(row, 0)?;
+        let finished: i64 = col(row, 1)?;
+        let failed: i64 = col(row, 2)?;
+        let p95: Option<i64> = col(row, 3)?;
+        by_topic.insert(
+            topic.clone(),
+            AttemptWindow {
+                topic,
+                finished: u64::try_from(finished).unwrap_or(0),
+                failed: u64::try_from(failed).unwrap_or(0),
+                p95: p95.map(micros_of),
+                longest_running: None,
+            },
+        );
+    }
+    let rows = sqlx::query(concat!(
+        "SELECT topic, ",
+        us!("now() - min(started_at)"),
+        " FROM mailroom.events WHERE status = 'running' AND started_at IS NOT NULL GROUP BY topic"
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    for row in &rows {
+        let topic: String = col(row, 0)?;
+        let age: i64 = col(row, 1)?;
+        by_topic
+            .entry(topic.clone())
+            .or_insert_with(|| AttemptWindow {
+                topic,
+                ..AttemptWindow::default()
+            })
+            .longest_running = Some(micros_of(age));
+    }
+    tx.commit().await.map_err(db(CTX))?;
+    Ok(by_topic.into_values().collect())
 }
 
 pub(crate) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {

@@ -6,8 +6,8 @@ use crate::sql::{self, db};
 use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
-    ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
-    NewEvent, Page, PurgeReport, Result, Retention, Store, TopicStats, TopicStream,
+    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
+    ListFilter, NewEvent, Page, PurgeReport, Result, Retention, Store, TopicStats, TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -173,6 +173,10 @@ impl Store for PostgresStore {
 
     async fn skip(&self, id: EventId) -> Result<Event> {
         sql::skip(self.pool_ref(), id).await
+    }
+
+    async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>> {
+        sql::attempt_window(self.pool_ref(), window).await
     }
 
     async fn stats(&self) -> Result<Vec<TopicStats>> {

@@ -150,5 +150,20 @@ async fn stats(State(s): State<AppState>) -> Result<Json<Value>, Problem> {
             "blocked_keys": st.blocked_keys,
         }));
     }
-    Ok(Json(json!({ "topics": topics })))
+    let alerts: Vec<Value> = s
+        .engine
+        .alerts()
+        .await?
+        .iter()
+        .map(|a| {
+            json!({
+                "topic": a.topic,
+                "alert": a.kind.as_str(),
+                "value": a.value,
+                "threshold": a.threshold,
+                "message": a.message,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "topics": topics, "alerts": alerts })))
 }

@@ -75,6 +75,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX events_topic ON events (topic);
     CREATE INDEX events_settled ON events (topic, status) WHERE status IN ('dead', 'skipped');
     ",
+    // 3: the attempts of the last minutes, for the failure_rate and
+    // processing_time alerts (finished_at only grows: appends at the end).
+    "
+    CREATE INDEX attempts_finished ON attempts (finished_at);
+    ",
 ];
 
 /// Applies the missing migrations. Runs on the writer thread inside its

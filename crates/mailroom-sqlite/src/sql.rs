@@ -6,9 +6,9 @@
 use bytes::Bytes;
 use jiff::Timestamp;
 use mailroom_core::{
-    Attempt, AttemptOutcome, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
-    Inserted, KeyCursor, ListFilter, NewEvent, OnDead, Page, PurgeReport, Result, Retention,
-    Status, StoreError, TopicStats,
+    Attempt, AttemptOutcome, AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId,
+    FencingToken, Inserted, KeyCursor, ListFilter, NewEvent, OnDead, Page, PurgeReport, Result,
+    Retention, Status, StoreError, TopicStats,
 };
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, ToSql};
@@ -746,6 +746,71 @@ pub(crate) fn stats(conn: &Connection) -> Result<Vec<TopicStats>> {
                 .map_err(db(CTX))?;
             stats.blocked_keys = u64::try_from(blocked).unwrap_or(0);
         }
+    }
+    Ok(by_topic.into_values().collect())
+}
+
+/// See [`Store::attempt_window`](mailroom_core::Store::attempt_window).
+/// The window's attempts come from `attempts_finished` (migration 3); the
+/// p95 is the nearest rank, `ceil(0.95 n)`-th shortest.
+pub(crate) fn attempt_window(conn: &Connection, window: Duration) -> Result<Vec<AttemptWindow>> {
+    const CTX: &str = "reading recent attempts";
+    let now = now_ms();
+    let mut by_topic: BTreeMap<String, AttemptWindow> = BTreeMap::new();
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "WITH w AS (
+                     SELECT e.topic AS topic, a.outcome <> 'done' AS failed,
+                            MAX(a.finished_at - a.started_at, 0) AS ms
+                     FROM attempts a JOIN events e ON e.seq = a.event_seq
+                     WHERE a.finished_at >= ?1),
+                 r AS (
+                     SELECT topic, failed, ms,
+                            ROW_NUMBER() OVER (PARTITION BY topic ORDER BY ms) AS rank,
+                            COUNT(*) OVER (PARTITION BY topic) AS n
+                     FROM w)
+                 SELECT topic, MAX(n), SUM(failed),
+                        MAX(CASE WHEN rank = (95 * n + 99) / 100 THEN ms END)
+                 FROM r GROUP BY topic",
+            )
+            .map_err(db(CTX))?;
+        let mut rows = stmt.query([before(now, window)]).map_err(db(CTX))?;
+        while let Some(row) = rows.next().map_err(db(CTX))? {
+            let topic: String = col(row, 0)?;
+            let finished: i64 = col(row, 1)?;
+            let failed: i64 = col(row, 2)?;
+            let p95: Option<i64> = col(row, 3)?;
+            by_topic.insert(
+                topic.clone(),
+                AttemptWindow {
+                    topic,
+                    finished: u64::try_from(finished).unwrap_or(0),
+                    failed: u64::try_from(failed).unwrap_or(0),
+                    p95: p95.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+                    longest_running: None,
+                },
+            );
+        }
+    }
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT topic, MIN(started_at) FROM events
+             WHERE status = 'running' AND started_at IS NOT NULL GROUP BY topic",
+        )
+        .map_err(db(CTX))?;
+    let mut rows = stmt.query([]).map_err(db(CTX))?;
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let topic: String = col(row, 0)?;
+        let started: i64 = col(row, 1)?;
+        let age = Duration::from_millis(u64::try_from(now.saturating_sub(started)).unwrap_or(0));
+        by_topic
+            .entry(topic.clone())
+            .or_insert_with(|| AttemptWindow {
+                topic,
+                ..AttemptWindow::default()
+            })
+            .longest_running = Some(age);
     }
     Ok(by_topic.into_values().collect())
 }

@@ -6,8 +6,8 @@ use crate::sql::{self, db, now_ms};
 use crate::writer::{WhenFull, Writer};
 use jiff::Timestamp;
 use mailroom_core::{
-    ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
-    NewEvent, Page, PurgeReport, Result, Retention, Store, StoreError, TopicStats,
+    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
+    ListFilter, NewEvent, Page, PurgeReport, Result, Retention, Store, StoreError, TopicStats,
 };
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
@@ -217,6 +217,10 @@ impl Store for SqliteStore {
 
     async fn stats(&self) -> Result<Vec<TopicStats>> {
         self.read(sql::stats).await
+    }
+
+    async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>> {
+        self.read(move |c| sql::attempt_window(c, window)).await
     }
 
     async fn purge(&self, retention: Retention) -> Result<PurgeReport> {

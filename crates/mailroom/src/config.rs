@@ -187,7 +187,8 @@ impl Default for RetentionConfig {
     }
 }
 
-/// `[alerts]`: thresholds evaluated continuously.
+/// `[alerts]`: thresholds evaluated continuously (see
+/// [`AlertRules`](mailroom_core::AlertRules) for what each one measures).
 #[derive(Debug, Clone, Copy, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AlertsConfig {
@@ -195,9 +196,9 @@ pub struct AlertsConfig {
     pub dead_letter_depth: Option<u64>,
     /// Pending events per topic.
     pub backlog: Option<u64>,
-    /// Share of failed attempts.
+    /// Share of failed attempts in the last 5 minutes, in (0, 1].
     pub failure_rate: Option<f64>,
-    /// Attempt duration.
+    /// p95 attempt duration in the last 5 minutes, or the longest running one.
     #[serde(default, with = "duration::serde_opt")]
     pub processing_time: Option<Duration>,
 }
@@ -499,11 +500,6 @@ impl AlertsConfig {
             || self.processing_time.is_some()
     }
 }
-
-/// Warning for `[alerts]`: the thresholds are accepted for forward
-/// compatibility but not evaluated by this version (use the Prometheus
-/// metrics and the shipped rule examples instead).
-pub const ALERTS_NOT_EVALUATED: &str = "[alerts]: thresholds are not evaluated by this version; alert on the Prometheus metrics (mailroom_dead_letter_depth, mailroom_queue_depth, mailroom_oldest_pending_age_seconds, mailroom_events_processed_total) instead: deploy/prometheus-alerts.yml has rules for these thresholds";
 
 impl Config {
     /// Loads `path` (or only defaults when `None`), interpolating `${VAR}`

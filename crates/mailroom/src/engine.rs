@@ -4,12 +4,13 @@
 
 use crate::config::Config;
 use crate::config::ConfigError;
-use crate::dispatch::{TopicRuntime, run_maintenance, run_topic};
+use crate::dispatch::{Maintenance, TopicRuntime, run_maintenance, run_topic};
 use crate::handler::SharedHandler;
 use crate::intake::{self, IntakeError};
 use crate::topology::{SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
+use mailroom_core::{Alert, AlertRules};
 use mailroom_core::{EventId, Inserted, NewEvent, Retention, Store, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub struct EngineBuilder {
     poll: Duration,
     maintenance_period: Duration,
     retention: Retention,
+    alerts: AlertRules,
+    alert_every: Duration,
     accept_undeclared: bool,
     clock: Arc<dyn crate::clock::Clock>,
 }
@@ -99,6 +102,20 @@ impl EngineBuilder {
     /// Retention windows applied by maintenance.
     pub fn retention(mut self, r: Retention) -> Self {
         self.retention = r;
+        self
+    }
+
+    /// Alert thresholds: evaluated by maintenance (on the elected instance,
+    /// logging each alert as it fires and resolves, and setting the
+    /// `mailroom_alert_firing` gauge) and on demand by [`Engine::alerts`].
+    pub fn alerts(mut self, rules: AlertRules) -> Self {
+        self.alerts = rules;
+        self
+    }
+
+    /// How often maintenance evaluates the alerts (default 10 s).
+    pub fn alert_interval(mut self, d: Duration) -> Self {
+        self.alert_every = d.max(Duration::from_millis(10));
         self
     }
 
@@ -160,6 +177,8 @@ impl EngineBuilder {
                 poll: self.poll,
                 maintenance_period: self.maintenance_period,
                 retention: self.retention,
+                alerts: self.alerts,
+                alert_every: self.alert_every,
                 accept_undeclared: self.accept_undeclared,
                 clock: self.clock,
             }),
@@ -176,6 +195,8 @@ struct Inner {
     poll: Duration,
     maintenance_period: Duration,
     retention: Retention,
+    alerts: AlertRules,
+    alert_every: Duration,
     accept_undeclared: bool,
     clock: Arc<dyn crate::clock::Clock>,
 }
@@ -282,19 +303,23 @@ impl Engine {
                 dead: Duration::from_secs(30 * 86400),
                 dedup: Duration::from_secs(30 * 86400),
             },
+            alerts: AlertRules::default(),
+            alert_every: Duration::from_secs(10),
             accept_undeclared: false,
             clock: Arc::new(crate::clock::SystemClock),
         }
     }
 
     /// A builder holding `config`'s topics (with their `http`/`command`
-    /// handlers), sources and retention.
+    /// handlers), sources, retention and alert thresholds.
     pub fn from_config(
         config: &Config,
         store: Arc<dyn Store>,
     ) -> Result<EngineBuilder, ConfigError> {
         let topology = crate::topology::Topology::from_config(config)?;
-        let mut b = Self::builder(store).retention(topology.retention);
+        let mut b = Self::builder(store)
+            .retention(topology.retention)
+            .alerts(topology.alerts);
         for (spec, handler) in topology.topics {
             if let Some(h) = handler {
                 b = b.handler(spec.name.clone(), h);
@@ -489,6 +514,17 @@ impl Engine {
         Ok(stats)
     }
 
+    /// The alert thresholds this engine evaluates.
+    pub fn alert_rules(&self) -> &AlertRules {
+        &self.inner.alerts
+    }
+
+    /// The alerts firing now, evaluated from the store's current numbers
+    /// (the same on every instance sharing the store).
+    pub async fn alerts(&self) -> Result<Vec<Alert>, StoreError> {
+        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts).await
+    }
+
     /// Records a pull worker's verdict on its claim (`ack` / `nack`): the
     /// outcome is resolved by the topic's retry policy exactly as for built-in
     /// handlers, and stored only if `token` is still the current one.
@@ -579,11 +615,15 @@ impl Engine {
             ));
         }
         tasks.spawn(run_maintenance(
-            self.inner.store.clone(),
-            self.inner.topics.values().cloned().collect(),
-            self.inner.retention,
-            self.inner.maintenance_period,
-            self.inner.worker.clone(),
+            Maintenance {
+                store: self.inner.store.clone(),
+                topics: self.inner.topics.values().cloned().collect(),
+                retention: self.inner.retention,
+                alerts: self.inner.alerts,
+                alert_every: self.inner.alert_every,
+                period: self.inner.maintenance_period,
+                worker: self.inner.worker.clone(),
+            },
             shutdown.clone(),
         ));
         if let Some(stream) = self.inner.store.notifications() {

@@ -365,6 +365,39 @@ mod tests {
             assert!(bad.parse::<RateLimit>().is_err(), "{bad:?}");
         }
     }
+
+    fn topology(toml: &str) -> Result<Topology, String> {
+        let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
+        Topology::from_config(&config).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn alert_thresholds_become_rules_and_bad_ones_are_named() {
+        let t = topology(
+            "[alerts]\ndead_letter_depth = 10\nbacklog = 1000\nfailure_rate = 0.05\nprocessing_time = \"5s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.alerts,
+            mailroom_core::AlertRules {
+                dead_letter_depth: Some(10),
+                backlog: Some(1000),
+                failure_rate: Some(0.05),
+                processing_time: Some(Duration::from_secs(5)),
+            }
+        );
+        assert!(!topology("").unwrap().alerts.any());
+        for bad in ["0", "1.5", "-0.1", "nan"] {
+            let err = topology(&format!("[alerts]\nfailure_rate = {bad}\n"))
+                .map(|_| ())
+                .unwrap_err();
+            assert!(err.contains("alerts.failure_rate"), "{bad}: {err}");
+        }
+        let err = topology("[alerts]\nprocessing_time = \"0s\"\n")
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.contains("alerts.processing_time"), "{err}");
+    }
 }
 
 /// Everything a configuration declares, validated and built (handlers
@@ -378,6 +411,8 @@ pub struct Topology {
     pub sources: Vec<SourceSpec>,
     /// Retention windows.
     pub retention: mailroom_core::Retention,
+    /// Alert thresholds.
+    pub alerts: mailroom_core::AlertRules,
 }
 
 impl Topology {
@@ -413,9 +448,27 @@ impl Topology {
             }
             sources.push(SourceSpec::from_config(s, i, config)?);
         }
+        let a = &config.alerts;
+        if let Some(rate) = a.failure_rate
+            && !(rate > 0.0 && rate <= 1.0)
+        {
+            return Err(config.invalid(
+                "alerts.failure_rate",
+                format!("a share of attempts in (0, 1], e.g. 0.05 for 5%; got {rate}"),
+            ));
+        }
+        if a.processing_time.is_some_and(|d| d.is_zero()) {
+            return Err(config.invalid("alerts.processing_time", "must be more than 0"));
+        }
         Ok(Topology {
             topics,
             sources,
+            alerts: mailroom_core::AlertRules {
+                dead_letter_depth: a.dead_letter_depth,
+                backlog: a.backlog,
+                failure_rate: a.failure_rate,
+                processing_time: a.processing_time,
+            },
             retention: mailroom_core::Retention {
                 done: config.retention.done,
                 dead: config.retention.dead,

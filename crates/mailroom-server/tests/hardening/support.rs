@@ -132,6 +132,12 @@ impl Store for Wrapped {
     async fn stats(&self) -> StoreResult<Vec<TopicStats>> {
         self.inner.stats().await
     }
+    async fn attempt_window(
+        &self,
+        window: std::time::Duration,
+    ) -> StoreResult<Vec<mailroom::AttemptWindow>> {
+        self.inner.attempt_window(window).await
+    }
     async fn purge(&self, retention: Retention) -> StoreResult<PurgeReport> {
         self.inner.purge(retention).await
     }

@@ -16,7 +16,7 @@ fn ids(events: &Value) -> Vec<String> {
 }
 
 /// `GET /v1/events` lists newest first in cursor-linked pages, filters by
-/// topic and status, `/v1/stats` counts by status, and `/healthz`, `/readyz`
+/// topic and status, `/v1/stats` counts by status and shows firing alerts, and `/healthz`, `/readyz`
 /// answer 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_list_pages_filters_and_stats_count() {
@@ -26,6 +26,11 @@ async fn events_list_pages_filters_and_stats_count() {
             .topic(TopicSpec::new("parked"))
             .source(SourceSpec::new("work", "work"))
             .source(SourceSpec::new("parked", "parked"))
+            .alerts(mailroom::AlertRules {
+                backlog: Some(4),
+                dead_letter_depth: Some(1),
+                ..Default::default()
+            })
             .handler(
                 "work",
                 handler_fn(|ev: Event| async move {
@@ -126,6 +131,18 @@ async fn events_list_pages_filters_and_stats_count() {
     assert_eq!(parked_stats["counts"]["pending"], 5, "{parked_stats}");
     assert_eq!(parked_stats["handler"], "pull");
     assert!(parked_stats["oldest_pending_age_seconds"].is_number());
+    // Five pending is over the backlog threshold of 4; one dead is not over 1.
+    assert_eq!(
+        stats["alerts"],
+        serde_json::json!([{
+            "topic": "parked",
+            "alert": "backlog",
+            "value": 5.0,
+            "threshold": 4.0,
+            "message": "parked: 5 pending events (threshold 4)",
+        }]),
+        "{stats}"
+    );
 
     for path in ["/healthz", "/readyz"] {
         let resp = server.http.get(server.url(path)).send().await.expect("get");

@@ -13,7 +13,10 @@ pub(crate) mod batch;
 use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
 use futures::FutureExt;
-use mailroom_core::{ClaimRequest, Claimed, Mode, Outcome, Store, StoreError};
+use mailroom_core::{
+    Alert, AlertKind, AlertRules, ClaimRequest, Claimed, Mode, Outcome, Result, Store, StoreError,
+};
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -238,23 +241,95 @@ pub(crate) async fn run_notifications(
     }
 }
 
-/// Lease rescue on a short period; retention less often. With several
-/// instances on one database, only the holder of the `maintenance` lease
-/// (renewed every period, expiring after a few) does the work.
-pub(crate) async fn run_maintenance(
-    store: Arc<dyn Store>,
-    topics: Vec<Arc<TopicRuntime>>,
-    retention: mailroom_core::Retention,
-    period: Duration,
-    worker: String,
-    shutdown: CancellationToken,
-) {
+/// What the maintenance loop looks after.
+pub(crate) struct Maintenance {
+    pub store: Arc<dyn Store>,
+    pub topics: Vec<Arc<TopicRuntime>>,
+    pub retention: mailroom_core::Retention,
+    pub alerts: AlertRules,
+    /// How often the elected instance evaluates `alerts`.
+    pub alert_every: Duration,
+    pub period: Duration,
+    pub worker: String,
+}
+
+/// The alerts firing now: `rules` over the store's stats and, if a rule
+/// needs them, its recent attempts.
+pub(crate) async fn current_alerts(store: &dyn Store, rules: &AlertRules) -> Result<Vec<Alert>> {
+    if !rules.any() {
+        return Ok(Vec::new());
+    }
+    let stats = store.stats().await?;
+    let windows = if rules.needs_window() {
+        store
+            .attempt_window(mailroom_core::alert::ALERT_WINDOW)
+            .await?
+    } else {
+        Vec::new()
+    };
+    Ok(mailroom_core::alert::evaluate(rules, &stats, &windows))
+}
+
+/// Logs the alerts that started or stopped firing since `firing` (which it
+/// updates), and sets `mailroom_alert_firing{topic,alert}` to 1 or 0.
+fn report_alerts(now: Vec<Alert>, firing: &mut HashMap<(String, AlertKind), Alert>) {
+    let mut next = HashMap::with_capacity(now.len());
+    for alert in now {
+        let key = (alert.topic.clone(), alert.kind);
+        if !firing.contains_key(&key) {
+            warn!(
+                topic = %alert.topic,
+                alert = alert.kind.as_str(),
+                value = alert.value,
+                threshold = alert.threshold,
+                "alert firing: {}",
+                alert.message
+            );
+        }
+        metrics::gauge!("mailroom_alert_firing", "topic" => alert.topic.clone(), "alert" => alert.kind.as_str())
+            .set(1.0);
+        next.insert(key, alert);
+    }
+    for ((topic, kind), old) in firing.drain() {
+        if !next.contains_key(&(topic.clone(), kind)) {
+            tracing::info!(
+                topic = %topic,
+                alert = kind.as_str(),
+                "alert resolved: {}",
+                old.message
+            );
+            metrics::gauge!("mailroom_alert_firing", "topic" => topic, "alert" => kind.as_str())
+                .set(0.0);
+        }
+    }
+    *firing = next;
+}
+
+/// Lease rescue on a short period; alerts every `alert_every`; retention
+/// less often. With several instances on one database, only the holder of
+/// the `maintenance` lease (renewed every period, expiring after a few)
+/// does the work.
+pub(crate) async fn run_maintenance(m: Maintenance, shutdown: CancellationToken) {
+    let Maintenance {
+        store,
+        topics,
+        retention,
+        alerts,
+        alert_every,
+        period,
+        worker,
+    } = m;
     let mut last_purge: Option<Instant> = None;
+    let mut last_alerts: Option<Instant> = None;
+    let mut firing = HashMap::new();
     let ttl = (period * 5).max(Duration::from_secs(5));
     loop {
         match store.try_lead("maintenance", &worker, ttl).await {
             Ok(true) => {}
             Ok(false) => {
+                // Another instance reports alerts now; forget ours, so
+                // that taking over later logs what is still firing.
+                firing.clear();
                 tokio::select! {
                     () = tokio::time::sleep(period) => {}
                     () = shutdown.cancelled() => break,
@@ -296,6 +371,13 @@ pub(crate) async fn run_maintenance(
                 Err(e) => warn!(error = %e, "retention failed"),
             }
             last_purge = Some(Instant::now());
+        }
+        if alerts.any() && last_alerts.is_none_or(|t| t.elapsed() >= alert_every) {
+            match current_alerts(store.as_ref(), &alerts).await {
+                Ok(now) => report_alerts(now, &mut firing),
+                Err(e) => warn!(error = %e, "alert evaluation failed"),
+            }
+            last_alerts = Some(Instant::now());
         }
         tokio::select! {
             () = tokio::time::sleep(period) => {}

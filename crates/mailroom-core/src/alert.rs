@@ -1,0 +1,299 @@
+//! Alerts: the `[alerts]` thresholds, and their evaluation as a plain
+//! function of the numbers a store reports ([`TopicStats`] and
+//! [`AttemptWindow`]). Who evaluates, how often and where the verdicts go
+//! (logs, metrics, `/v1/stats`, `mailroom status`) is the engine's business.
+
+use crate::event::Status;
+use crate::store::TopicStats;
+use std::time::Duration;
+
+/// How far back `failure_rate` and `processing_time` look.
+pub const ALERT_WINDOW: Duration = Duration::from_secs(300);
+
+/// With fewer attempts finished in the window than this, a topic gets no
+/// `failure_rate` verdict: one failure out of two is not a 50% failure rate.
+pub const MIN_ATTEMPTS: u64 = 20;
+
+/// The `[alerts]` thresholds; an unset one is not evaluated. Each alert
+/// fires when its value is strictly above the threshold, as in the shipped
+/// Prometheus rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AlertRules {
+    /// Dead events of a topic.
+    pub dead_letter_depth: Option<u64>,
+    /// Pending events of a topic.
+    pub backlog: Option<u64>,
+    /// Share of a topic's attempts finished in the window that failed
+    /// (`retry`, `dead` or `lease_expired`), in `0..=1`.
+    pub failure_rate: Option<f64>,
+    /// The p95 duration of a topic's attempts finished in the window, or the
+    /// age of its longest-running attempt, whichever is larger.
+    pub processing_time: Option<Duration>,
+}
+
+impl AlertRules {
+    /// Whether any threshold is set.
+    pub fn any(&self) -> bool {
+        self.dead_letter_depth.is_some()
+            || self.backlog.is_some()
+            || self.failure_rate.is_some()
+            || self.processing_time.is_some()
+    }
+
+    /// Whether evaluating needs [`AttemptWindow`]s (the other rules only
+    /// need [`TopicStats`]).
+    pub fn needs_window(&self) -> bool {
+        self.failure_rate.is_some() || self.processing_time.is_some()
+    }
+}
+
+/// Which threshold an [`Alert`] crossed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AlertKind {
+    /// Too many dead events.
+    DeadLetterDepth,
+    /// Too many pending events.
+    Backlog,
+    /// Too many failed attempts.
+    FailureRate,
+    /// Attempts take too long.
+    ProcessingTime,
+}
+
+impl AlertKind {
+    /// The config key, also the name in logs, metrics and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DeadLetterDepth => "dead_letter_depth",
+            Self::Backlog => "backlog",
+            Self::FailureRate => "failure_rate",
+            Self::ProcessingTime => "processing_time",
+        }
+    }
+}
+
+/// Recent attempts of one topic, as a store reports them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttemptWindow {
+    /// The topic.
+    pub topic: String,
+    /// Attempts finished in the window, whatever their outcome.
+    pub finished: u64,
+    /// Of those, the ones that did not end `done`.
+    pub failed: u64,
+    /// The p95 (nearest rank) duration of the attempts finished in the window.
+    pub p95: Option<Duration>,
+    /// How long the oldest attempt still running has been running.
+    pub longest_running: Option<Duration>,
+}
+
+/// A threshold a topic is over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alert {
+    /// The topic.
+    pub topic: String,
+    /// The threshold crossed.
+    pub kind: AlertKind,
+    /// The measured value (seconds for `processing_time`).
+    pub value: f64,
+    /// The configured threshold (seconds for `processing_time`).
+    pub threshold: f64,
+    /// One line for a human.
+    pub message: String,
+}
+
+/// The alerts firing now, ordered by topic then kind.
+pub fn evaluate(rules: &AlertRules, stats: &[TopicStats], windows: &[AttemptWindow]) -> Vec<Alert> {
+    let mut alerts = Vec::new();
+    for s in stats {
+        let dead = s.count(Status::Dead);
+        if let Some(limit) = rules.dead_letter_depth.filter(|limit| dead > *limit) {
+            alerts.push(Alert {
+                topic: s.topic.clone(),
+                kind: AlertKind::DeadLetterDepth,
+                value: dead as f64,
+                threshold: limit as f64,
+                message: format!("{}: {dead} dead events (threshold {limit})", s.topic),
+            });
+        }
+        let pending = s.count(Status::Pending);
+        if let Some(limit) = rules.backlog.filter(|limit| pending > *limit) {
+            alerts.push(Alert {
+                topic: s.topic.clone(),
+                kind: AlertKind::Backlog,
+                value: pending as f64,
+                threshold: limit as f64,
+                message: format!("{}: {pending} pending events (threshold {limit})", s.topic),
+            });
+        }
+    }
+    for w in windows {
+        let window = crate::duration::format(ALERT_WINDOW);
+        if let Some(limit) = rules.failure_rate
+            && w.finished >= MIN_ATTEMPTS
+        {
+            let rate = w.failed as f64 / w.finished as f64;
+            if rate > limit {
+                alerts.push(Alert {
+                    topic: w.topic.clone(),
+                    kind: AlertKind::FailureRate,
+                    value: rate,
+                    threshold: limit,
+                    message: format!(
+                        "{}: {:.1}% of attempts failed in the last {window} ({} of {}; threshold {:.1}%)",
+                        w.topic,
+                        rate * 100.0,
+                        w.failed,
+                        w.finished,
+                        limit * 100.0
+                    ),
+                });
+            }
+        }
+        if let Some(limit) = rules.processing_time {
+            let p95 = w.p95.unwrap_or_default();
+            let running = w.longest_running.unwrap_or_default();
+            let (worst, what) = if running > p95 {
+                (running, "an attempt has been running for".to_string())
+            } else {
+                (p95, format!("p95 attempt duration in the last {window} is"))
+            };
+            if worst > limit {
+                alerts.push(Alert {
+                    topic: w.topic.clone(),
+                    kind: AlertKind::ProcessingTime,
+                    value: worst.as_secs_f64(),
+                    threshold: limit.as_secs_f64(),
+                    message: format!(
+                        "{}: {what} {:.1}s (threshold {})",
+                        w.topic,
+                        worst.as_secs_f64(),
+                        crate::duration::format(limit)
+                    ),
+                });
+            }
+        }
+    }
+    alerts.sort_by(|a, b| (&a.topic, a.kind).cmp(&(&b.topic, b.kind)));
+    alerts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(topic: &str, pending: u64, dead: u64) -> TopicStats {
+        let mut s = TopicStats {
+            topic: topic.into(),
+            ..TopicStats::default()
+        };
+        s.counts.insert(Status::Pending.as_str(), pending);
+        s.counts.insert(Status::Dead.as_str(), dead);
+        s
+    }
+
+    fn window(
+        topic: &str,
+        finished: u64,
+        failed: u64,
+        p95_ms: u64,
+        running_ms: u64,
+    ) -> AttemptWindow {
+        AttemptWindow {
+            topic: topic.into(),
+            finished,
+            failed,
+            p95: Some(Duration::from_millis(p95_ms)),
+            longest_running: (running_ms > 0).then(|| Duration::from_millis(running_ms)),
+        }
+    }
+
+    const RULES: AlertRules = AlertRules {
+        dead_letter_depth: Some(10),
+        backlog: Some(1000),
+        failure_rate: Some(0.05),
+        processing_time: Some(Duration::from_secs(5)),
+    };
+
+    #[test]
+    fn nothing_fires_at_or_under_the_thresholds() {
+        let alerts = evaluate(
+            &RULES,
+            &[stats("a", 1000, 10)],
+            &[window("a", 100, 5, 5000, 5000)],
+        );
+        assert_eq!(alerts, vec![]);
+    }
+
+    #[test]
+    fn each_threshold_fires_above_its_value() {
+        let alerts = evaluate(
+            &RULES,
+            &[stats("a", 1001, 11)],
+            &[window("a", 100, 6, 5001, 0)],
+        );
+        let kinds: Vec<_> = alerts.iter().map(|a| a.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                AlertKind::DeadLetterDepth,
+                AlertKind::Backlog,
+                AlertKind::FailureRate,
+                AlertKind::ProcessingTime
+            ]
+        );
+        assert_eq!(alerts[0].value, 11.0);
+        assert_eq!(alerts[1].value, 1001.0);
+        assert!((alerts[2].value - 0.06).abs() < 1e-9);
+        assert!((alerts[3].value - 5.001).abs() < 1e-9);
+        assert!(alerts[3].message.contains("p95"), "{}", alerts[3].message);
+    }
+
+    #[test]
+    fn a_long_running_attempt_counts_as_slow_processing() {
+        let alerts = evaluate(&RULES, &[], &[window("a", 0, 0, 0, 60_000)]);
+        assert_eq!(alerts.len(), 1);
+        assert_eq!(alerts[0].kind, AlertKind::ProcessingTime);
+        assert!(
+            alerts[0].message.contains("running for 60.0s"),
+            "{}",
+            alerts[0].message
+        );
+    }
+
+    #[test]
+    fn few_attempts_give_no_failure_rate_verdict() {
+        let alerts = evaluate(&RULES, &[], &[window("a", MIN_ATTEMPTS - 1, 10, 0, 0)]);
+        assert_eq!(alerts, vec![]);
+        let alerts = evaluate(&RULES, &[], &[window("a", MIN_ATTEMPTS, 10, 0, 0)]);
+        assert_eq!(alerts.len(), 1);
+    }
+
+    #[test]
+    fn unset_rules_never_fire() {
+        let alerts = evaluate(
+            &AlertRules::default(),
+            &[stats("a", u64::MAX, u64::MAX)],
+            &[window("a", 100, 100, 1_000_000, 1_000_000)],
+        );
+        assert_eq!(alerts, vec![]);
+    }
+
+    #[test]
+    fn alerts_come_ordered_by_topic_then_kind() {
+        let alerts = evaluate(
+            &RULES,
+            &[stats("b", 0, 11), stats("a", 0, 11)],
+            &[window("a", 100, 100, 0, 0)],
+        );
+        let got: Vec<_> = alerts.iter().map(|a| (a.topic.as_str(), a.kind)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", AlertKind::DeadLetterDepth),
+                ("a", AlertKind::FailureRate),
+                ("b", AlertKind::DeadLetterDepth)
+            ]
+        );
+    }
+}

@@ -1,0 +1,198 @@
+//! `[alerts]`: evaluated from the store's numbers, on demand and by
+//! maintenance, which logs each alert as it fires and as it resolves.
+
+use mailroom::handler::handler_fn;
+use mailroom::{AlertKind, AlertRules, Draft, Engine, Event, Outcome, Status, TopicSpec};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Log lines, captured by the test's subscriber.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
+    }
+}
+
+async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Every threshold fires from real processing (dead letters and failures
+/// of a failing topic, the backlog of a pulled topic, a slow handler), the
+/// elected maintenance loop logs each once, and an alert whose cause goes
+/// away is logged as resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_fire_from_real_processing_and_resolve() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .init();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = mailroom::open_store(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        true,
+    )
+    .await
+    .expect("open");
+    store.migrate().await.expect("migrate");
+    let rules = AlertRules {
+        dead_letter_depth: Some(20),
+        backlog: Some(5),
+        failure_rate: Some(0.5),
+        processing_time: Some(Duration::from_millis(300)),
+    };
+    let engine = Engine::builder(store.clone())
+        .topic(TopicSpec::new("payments"))
+        .handler(
+            "payments",
+            handler_fn(|_e: Event| async { Outcome::permanent("card declined") }),
+        )
+        .topic(TopicSpec::new("reports"))
+        .handler(
+            "reports",
+            handler_fn(|_e: Event| async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                Outcome::Success
+            }),
+        )
+        // No handler: pulled, so its events wait.
+        .topic(TopicSpec::new("pulled"))
+        .alerts(rules)
+        .alert_interval(Duration::from_millis(100))
+        .maintenance_period(Duration::from_millis(50))
+        .build()
+        .expect("engine");
+    assert_eq!(engine.alerts().await.expect("alerts"), vec![]);
+
+    for i in 0..25 {
+        engine
+            .enqueue(Draft::json("payments", &serde_json::json!({ "i": i })))
+            .await
+            .expect("enqueue");
+    }
+    for i in 0..6 {
+        engine
+            .enqueue(Draft::json("pulled", &serde_json::json!({ "i": i })))
+            .await
+            .expect("enqueue");
+    }
+    engine
+        .enqueue(Draft::json("reports", &serde_json::json!({})))
+        .await
+        .expect("enqueue");
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run(shutdown).await }
+    });
+
+    wait_for("25 dead payments", async || {
+        store
+            .stats()
+            .await
+            .expect("stats")
+            .iter()
+            .any(|s| s.topic == "payments" && s.count(Status::Dead) == 25)
+    })
+    .await;
+    // The report has been running for more than 300 ms by now or soon.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let alerts = engine.alerts().await.expect("alerts");
+    let fired: Vec<(&str, AlertKind)> = alerts.iter().map(|a| (a.topic.as_str(), a.kind)).collect();
+    assert_eq!(
+        fired,
+        vec![
+            ("payments", AlertKind::DeadLetterDepth),
+            ("payments", AlertKind::FailureRate),
+            ("pulled", AlertKind::Backlog),
+            ("reports", AlertKind::ProcessingTime),
+        ],
+        "{alerts:#?}"
+    );
+    let rate = &alerts[1];
+    assert_eq!(rate.value, 1.0);
+    assert!(rate.message.contains("25 of 25"), "{}", rate.message);
+    // Still running (the usual case here), or finished in 1.5 s: slow either way.
+    assert!(
+        alerts[3].message.contains("running for") || alerts[3].message.contains("p95"),
+        "{}",
+        alerts[3].message
+    );
+    assert!(alerts[3].value > 0.3, "{}", alerts[3].value);
+
+    // Maintenance logged each one.
+    wait_for("four firing lines", async || {
+        logs.text().matches("alert firing").count() >= 4
+    })
+    .await;
+    let text = logs.text();
+    for needle in [
+        "alert=\"dead_letter_depth\"",
+        "alert=\"failure_rate\"",
+        "alert=\"backlog\"",
+        "alert=\"processing_time\"",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains("alert firing") && l.contains(needle)),
+            "no firing line with {needle}:\n{text}"
+        );
+    }
+
+    // Drain the pulled backlog as a pull worker would (claim, then ack):
+    // the backlog alert resolves.
+    let claimed = store
+        .claim(&mailroom::ClaimRequest {
+            topic: "pulled".into(),
+            worker: "test".into(),
+            max: 6,
+            lease: Duration::from_secs(30),
+            per_key: None,
+        })
+        .await
+        .expect("claim");
+    for c in claimed {
+        store
+            .complete(c.event.id, c.token, mailroom::Completion::Done)
+            .await
+            .expect("ack");
+    }
+    wait_for("the backlog alert to resolve", async || {
+        logs.text()
+            .lines()
+            .any(|l| l.contains("alert resolved") && l.contains("alert=\"backlog\""))
+    })
+    .await;
+    // Firing alerts are not logged again while they keep firing.
+    let text = logs.text();
+    let dead_lines = text
+        .lines()
+        .filter(|l| l.contains("alert firing") && l.contains("alert=\"dead_letter_depth\""))
+        .count();
+    assert_eq!(dead_lines, 1, "{text}");
+
+    shutdown.cancel();
+    run.await.expect("engine stopped");
+}
