@@ -12,7 +12,7 @@ use mailroom_core::{
 };
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, ToSql};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 /// Default and largest page of a listing.
@@ -219,74 +219,143 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
     })
 }
 
-/// The head rule of sequential topics, for an outer event `e`: no earlier
-/// pending event of its key, no event of its key running, and (`$dead`,
-/// for `on_dead = "block"`) no earlier dead one. Each probe has an index of
-/// its own status (migration 2), so a claim moves one entry per event.
-macro_rules! head_of_key {
-    ($dead:literal) => {
-        concat!(
-            "(e.key IS NULL OR (
-                NOT EXISTS (SELECT 1 FROM events p
-                    WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
-                      AND p.status = 'pending' AND p.seq < e.seq)
-                AND NOT EXISTS (SELECT 1 FROM events r
-                    WHERE r.topic = e.topic AND r.key = e.key AND r.status = 'running')",
-            $dead,
-            "))"
-        )
-    };
-}
-macro_rules! head_block {
-    () => {
-        head_of_key!(
-            "
-                AND NOT EXISTS (SELECT 1 FROM events d
-                    WHERE d.topic = e.topic AND d.key = e.key AND d.key IS NOT NULL
-                      AND d.status = 'dead' AND d.seq < e.seq)"
-        )
-    };
-}
-// With OnDead::Skip a dead event does not hold its key back.
-macro_rules! head_skip {
-    () => {
-        head_of_key!("")
-    };
-}
+// Claims name their index: without table statistics the planner may
+// prefer `events_topic` and walk every finished event of the topic.
+const CLAIM_ANY: &str = concat!(
+    "UPDATE events
+     SET status = 'running', attempts = attempts + 1, lease_until = ?1,
+         started_at = ?2, worker = ?3, next_attempt_at = NULL
+     WHERE seq IN (
+         SELECT e.seq FROM events e INDEXED BY events_pending
+         WHERE e.topic = ?4 AND e.status = 'pending' AND e.next_attempt_at <= ?2
+         ORDER BY e.seq LIMIT ?5)
+     RETURNING ",
+    event_cols!()
+);
 
-// Claims and `next_due` name their index: without table statistics the
-// planner may take `events_topic` for a sequential claim (whose head rule
-// hides the pending-only predicate's value) and walk every finished event.
-macro_rules! claim_sql {
-    ($cond:expr) => {
-        concat!(
-            "UPDATE events
-             SET status = 'running', attempts = attempts + 1, lease_until = ?1,
-                 started_at = ?2, worker = ?3, next_attempt_at = NULL
-             WHERE seq IN (
-                 SELECT e.seq FROM events e INDEXED BY events_pending
-                 WHERE e.topic = ?4 AND e.status = 'pending' AND e.next_attempt_at <= ?2 AND ",
-            $cond,
-            " ORDER BY e.seq LIMIT ?5)
-             RETURNING ",
-            event_cols!()
-        )
+/// Sequential topics: the chosen heads, by `seq` in a JSON array.
+const CLAIM_SEQS: &str = concat!(
+    "UPDATE events
+     SET status = 'running', attempts = attempts + 1, lease_until = ?1,
+         started_at = ?2, worker = ?3, next_attempt_at = NULL
+     WHERE seq IN (SELECT value FROM json_each(?4)) AND status = 'pending'
+     RETURNING ",
+    event_cols!()
+);
+
+/// The head rule of sequential topics, as one walk over a topic's pending
+/// rows in arrival order (the covering index `events_pending`). A keyed row
+/// is its key's head if it is the first pending row of that key the walk
+/// meets; a head may start if no event of its key is running and, with
+/// `on_dead = "block"`, no earlier event of its key is dead. Keyless rows are
+/// independent. `visit(seq, next_attempt_at)` sees each head that may start
+/// (due or not) and each keyless row, oldest first, and returns whether to
+/// go on. The writer thread is the only writer, so the claim that follows
+/// sees the same rows.
+fn walk_heads(
+    conn: &Connection,
+    topic: &str,
+    on_dead: OnDead,
+    mut visit: impl FnMut(i64, i64) -> bool,
+) -> Result<()> {
+    const CTX: &str = "finding the heads of keys";
+    let running: HashSet<String> = {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT DISTINCT key FROM events
+                 WHERE topic = ?1 AND status = 'running' AND key IS NOT NULL",
+            )
+            .map_err(db(CTX))?;
+        let rows = stmt.query_map([topic], |r| r.get(0)).map_err(db(CTX))?;
+        rows.collect::<rusqlite::Result<_>>().map_err(db(CTX))?
     };
+    let mut dead_before = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM events
+                 WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL
+                   AND status = 'dead' AND seq < ?3)",
+        )
+        .map_err(db(CTX))?;
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, key, next_attempt_at FROM events INDEXED BY events_pending
+             WHERE topic = ?1 AND status = 'pending' ORDER BY seq",
+        )
+        .map_err(db(CTX))?;
+    let mut rows = stmt.query([topic]).map_err(db(CTX))?;
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let seq: i64 = col(row, 0)?;
+        let next: i64 = col::<Option<i64>>(row, 2)?.unwrap_or(0);
+        let key = match row.get_ref(1).map_err(db(CTX))? {
+            rusqlite::types::ValueRef::Null => None,
+            value => Some(
+                value
+                    .as_str()
+                    .map_err(|e| StoreError::Corrupt(format!("events.key: {e}")))?,
+            ),
+        };
+        if let Some(key) = key {
+            if seen.contains(key) {
+                continue;
+            }
+            seen.insert(key.to_owned());
+            if running.contains(key) {
+                continue;
+            }
+            if on_dead == OnDead::Block
+                && dead_before
+                    .query_row((topic, key, seq), |r| r.get::<_, bool>(0))
+                    .map_err(db(CTX))?
+            {
+                continue;
+            }
+        }
+        if !visit(seq, next) {
+            break;
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Vec<Claimed>> {
-    let sql = match req.per_key {
-        None => claim_sql!("1"),
-        Some(OnDead::Block) => claim_sql!(head_block!()),
-        Some(OnDead::Skip) => claim_sql!(head_skip!()),
-    };
+    const CTX: &str = "claiming events";
     let lease_until = after(now, req.lease);
-    let mut rows = query_events(
-        conn,
-        sql,
-        &[&lease_until, &now, &req.worker, &req.topic, &req.max],
-        "claiming events",
-    )?;
+    let mut rows = match req.per_key {
+        None => query_events(
+            conn,
+            CLAIM_ANY,
+            &[&lease_until, &now, &req.worker, &req.topic, &req.max],
+            CTX,
+        )?,
+        Some(on_dead) => {
+            let max = usize::try_from(req.max).unwrap_or(usize::MAX);
+            let mut heads: Vec<i64> = Vec::new();
+            walk_heads(conn, &req.topic, on_dead, |seq, next| {
+                if next <= now {
+                    heads.push(seq);
+                }
+                heads.len() < max
+            })?;
+            if heads.is_empty() {
+                return Ok(Vec::new());
+            }
+            let seqs = format!(
+                "[{}]",
+                heads
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            query_events(
+                conn,
+                CLAIM_SEQS,
+                &[&lease_until, &now, &req.worker, &seqs],
+                CTX,
+            )?
+        }
+    };
     // RETURNING comes in no particular order; hand out oldest arrival first.
     rows.sort_unstable_by_key(|(seq, _)| *seq);
     let until = ts(lease_until)?;
@@ -300,27 +369,25 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<V
         .collect())
 }
 
-macro_rules! next_due_sql {
-    ($cond:expr) => {
-        concat!(
-            "SELECT MIN(e.next_attempt_at) FROM events e INDEXED BY events_pending
-             WHERE e.topic = ?1 AND e.status = 'pending' AND ",
-            $cond
-        )
-    };
-}
-
 pub(crate) fn next_due(conn: &Connection, req: &ClaimRequest) -> Result<Option<Timestamp>> {
-    let sql = match req.per_key {
-        None => next_due_sql!("1"),
-        Some(OnDead::Block) => next_due_sql!(head_block!()),
-        Some(OnDead::Skip) => next_due_sql!(head_skip!()),
+    let due: Option<i64> = match req.per_key {
+        None => conn
+            .prepare_cached(
+                "SELECT MIN(e.next_attempt_at) FROM events e INDEXED BY events_pending
+                 WHERE e.topic = ?1 AND e.status = 'pending'",
+            )
+            .map_err(db("finding the next due event"))?
+            .query_row([&req.topic], |r| r.get(0))
+            .map_err(db("finding the next due event"))?,
+        Some(on_dead) => {
+            let mut earliest: Option<i64> = None;
+            walk_heads(conn, &req.topic, on_dead, |_, next| {
+                earliest = Some(earliest.map_or(next, |e| e.min(next)));
+                true
+            })?;
+            earliest
+        }
     };
-    let due: Option<i64> = conn
-        .prepare_cached(sql)
-        .map_err(db("finding the next due event"))?
-        .query_row([&req.topic], |r| r.get(0))
-        .map_err(db("finding the next due event"))?;
     opt_ts(due)
 }
 
@@ -727,27 +794,56 @@ pub(crate) fn stats(conn: &Connection) -> Result<Vec<TopicStats>> {
             .map_err(db(CTX))?;
         stats.oldest_pending = opt_ts(oldest)?;
         if stats.count(Status::Dead) > 0 {
-            let blocked: i64 = conn
-                .prepare_cached(
-                    "SELECT COUNT(DISTINCT e.key) FROM events e
-                     WHERE e.topic = ?1 AND e.status = 'dead' AND e.key IS NOT NULL
-                       AND NOT EXISTS (SELECT 1 FROM events p
-                           WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
-                             AND p.status = 'pending' AND p.seq < e.seq)
-                       AND NOT EXISTS (SELECT 1 FROM events r
-                           WHERE r.topic = e.topic AND r.key = e.key
-                             AND r.status = 'running' AND r.seq < e.seq)
-                       AND NOT EXISTS (SELECT 1 FROM events d
-                           WHERE d.topic = e.topic AND d.key = e.key AND d.key IS NOT NULL
-                             AND d.status = 'dead' AND d.seq < e.seq)",
-                )
-                .map_err(db(CTX))?
-                .query_row([&stats.topic], |r| r.get(0))
-                .map_err(db(CTX))?;
-            stats.blocked_keys = u64::try_from(blocked).unwrap_or(0);
+            stats.blocked_keys = blocked_keys(conn, &stats.topic)?;
         }
     }
     Ok(by_topic.into_values().collect())
+}
+
+/// Keys of `topic` whose earliest open event (pending, running or dead) is
+/// dead. Pending rows are walked in arrival order only as far as the last
+/// such dead event.
+fn blocked_keys(conn: &Connection, topic: &str) -> Result<u64> {
+    const CTX: &str = "counting blocked keys";
+    let earliest = |status: &str| -> Result<HashMap<String, i64>> {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT key, MIN(seq) FROM events
+                 WHERE topic = ?1 AND status = ?2 AND key IS NOT NULL GROUP BY key",
+            )
+            .map_err(db(CTX))?;
+        let rows = stmt
+            .query_map((topic, status), |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(db(CTX))?;
+        rows.collect::<rusqlite::Result<_>>().map_err(db(CTX))
+    };
+    let dead = earliest("dead")?;
+    let Some(&last) = dead.values().max() else {
+        return Ok(0);
+    };
+    let running = earliest("running")?;
+    let mut first_pending: HashMap<String, i64> = HashMap::new();
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, key FROM events INDEXED BY events_pending
+             WHERE topic = ?1 AND status = 'pending' AND seq < ?2 ORDER BY seq",
+        )
+        .map_err(db(CTX))?;
+    let mut rows = stmt.query((topic, last)).map_err(db(CTX))?;
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let seq: i64 = col(row, 0)?;
+        if let Some(key) = col::<Option<String>>(row, 1)?
+            && dead.contains_key(&key)
+        {
+            first_pending.entry(key).or_insert(seq);
+        }
+    }
+    let before =
+        |m: &HashMap<String, i64>, key: &str, seq: i64| m.get(key).is_some_and(|s| *s < seq);
+    Ok(dead
+        .iter()
+        .filter(|(key, seq)| !before(&running, key, **seq) && !before(&first_pending, key, **seq))
+        .count() as u64)
 }
 
 /// See [`Store::attempt_window`](mailroom_core::Store::attempt_window).
