@@ -578,6 +578,26 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
                     .unwrap_or_default()
             );
         }
+        let a = &topology.alerts;
+        let mut rules = Vec::new();
+        if let Some(n) = a.dead_letter_depth {
+            rules.push(format!("dead_letter_depth > {n}"));
+        }
+        if let Some(n) = a.backlog {
+            rules.push(format!("backlog > {n}"));
+        }
+        if let Some(r) = a.failure_rate {
+            rules.push(format!("failure_rate > {}%", r * 100.0));
+        }
+        if let Some(d) = a.processing_time {
+            rules.push(format!(
+                "processing_time > {}",
+                mailroom::duration::format(d)
+            ));
+        }
+        if !rules.is_empty() {
+            outln!("  alerts  {} (per topic)", rules.join(", "));
+        }
         for w in &warnings {
             outln!("warning: {w}");
         }
