@@ -275,7 +275,7 @@ async fn serve(config: Config) -> Result<()> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
-    if config.alerts.any() {
+    if engine.alert_rules().any() {
         tracing::info!(
             window = %mailroom::duration::format(mailroom::alert::ALERT_WINDOW),
             "[alerts] evaluated every 10s by the instance that holds maintenance: see the logs, /v1/stats and mailroom status"

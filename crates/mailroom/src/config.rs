@@ -491,16 +491,6 @@ pub struct HttpHandlerConfig {
     pub permanent_statuses: Option<Vec<u16>>,
 }
 
-impl AlertsConfig {
-    /// Whether any threshold is set.
-    pub fn any(&self) -> bool {
-        self.dead_letter_depth.is_some()
-            || self.backlog.is_some()
-            || self.failure_rate.is_some()
-            || self.processing_time.is_some()
-    }
-}
-
 impl Config {
     /// Loads `path` (or only defaults when `None`), interpolating `${VAR}`
     /// and applying `MAILROOM_*` overrides from `env`.
