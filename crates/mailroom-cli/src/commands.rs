@@ -377,7 +377,7 @@ async fn status(config: &Config, json: bool) -> Result<()> {
     // Through the engine, so blocked keys count only where a dead head blocks.
     let engine = offline_engine(config).await?;
     let stats = engine.stats().await?;
-    let alerts = engine.alerts().await?;
+    let alerts = engine.alerts_from(&stats).await?;
     let now = jiff::Timestamp::now();
     let age = |t: Option<jiff::Timestamp>| {
         t.map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
@@ -398,7 +398,7 @@ async fn status(config: &Config, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        let alerts: Vec<_> = alerts.iter().map(alert_json).collect();
+        let alerts: Vec<_> = alerts.iter().map(mailroom::Alert::to_json).collect();
         outln!(
             "{}",
             serde_json::json!({ "topics": topics, "alerts": alerts })
@@ -453,17 +453,6 @@ async fn status(config: &Config, json: bool) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// An alert as `/v1/stats` and `status --json` show it.
-fn alert_json(a: &mailroom::Alert) -> serde_json::Value {
-    serde_json::json!({
-        "topic": a.topic,
-        "alert": a.kind.as_str(),
-        "value": a.value,
-        "threshold": a.threshold,
-        "message": a.message,
-    })
 }
 
 fn show(e: &mailroom::Event) {

@@ -152,18 +152,10 @@ async fn stats(State(s): State<AppState>) -> Result<Json<Value>, Problem> {
     }
     let alerts: Vec<Value> = s
         .engine
-        .alerts()
+        .alerts_from(&stats)
         .await?
         .iter()
-        .map(|a| {
-            json!({
-                "topic": a.topic,
-                "alert": a.kind.as_str(),
-                "value": a.value,
-                "threshold": a.threshold,
-                "message": a.message,
-            })
-        })
+        .map(mailroom::Alert::to_json)
         .collect();
     Ok(Json(json!({ "topics": topics, "alerts": alerts })))
 }

@@ -13,6 +13,7 @@ use mailroom_core::{
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, ToSql};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
 use std::time::Duration;
 
 /// Default and largest page of a listing.
@@ -479,7 +480,7 @@ pub(crate) fn complete_many(
     let mut results: Vec<Option<Result<()>>> = (0..items.len()).map(|_| None).collect();
     // Done items with a first-seen id go to the set; two history rows for
     // one (event, attempt) would break the attempts key.
-    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    let mut seen = HashSet::with_capacity(items.len());
     let mut set: Vec<usize> = Vec::with_capacity(items.len());
     for (i, (id, _, completion)) in items.iter().enumerate() {
         if matches!(completion, Completion::Done) && seen.insert(*id) {
@@ -495,7 +496,7 @@ pub(crate) fn complete_many(
             if n > 0 {
                 json.push(',');
             }
-            json.push_str(&format!("[\"{id}\",{}]", token.0));
+            let _ = write!(json, "[\"{id}\",{}]", token.0);
         }
         json.push(']');
         conn.prepare_cached(
@@ -508,7 +509,7 @@ pub(crate) fn complete_many(
         .map_err(db(CTX))?
         .execute((&json, now))
         .map_err(db(CTX))?;
-        let mut applied = std::collections::HashSet::with_capacity(set.len());
+        let mut applied = HashSet::with_capacity(set.len());
         {
             let mut stmt = conn
                 .prepare_cached(

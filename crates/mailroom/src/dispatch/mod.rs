@@ -15,6 +15,7 @@ use crate::topology::TopicSpec;
 use futures::FutureExt;
 use mailroom_core::{
     Alert, AlertKind, AlertRules, ClaimRequest, Claimed, Mode, Outcome, Result, Store, StoreError,
+    TopicStats,
 };
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -253,13 +254,24 @@ pub(crate) struct Maintenance {
     pub worker: String,
 }
 
-/// The alerts firing now: `rules` over the store's stats and, if a rule
-/// needs them, its recent attempts.
-pub(crate) async fn current_alerts(store: &dyn Store, rules: &AlertRules) -> Result<Vec<Alert>> {
+/// The alerts firing now: `rules` over `stats` (read from the store when
+/// `None`) and, if a rule needs them, the store's recent attempts.
+pub(crate) async fn current_alerts(
+    store: &dyn Store,
+    rules: &AlertRules,
+    stats: Option<&[TopicStats]>,
+) -> Result<Vec<Alert>> {
     if !rules.any() {
         return Ok(Vec::new());
     }
-    let stats = store.stats().await?;
+    let read;
+    let stats = match stats {
+        Some(stats) => stats,
+        None => {
+            read = store.stats().await?;
+            &read
+        }
+    };
     let windows = if rules.needs_window() {
         store
             .attempt_window(mailroom_core::alert::ALERT_WINDOW)
@@ -267,7 +279,7 @@ pub(crate) async fn current_alerts(store: &dyn Store, rules: &AlertRules) -> Res
     } else {
         Vec::new()
     };
-    Ok(mailroom_core::alert::evaluate(rules, &stats, &windows))
+    Ok(mailroom_core::alert::evaluate(rules, stats, &windows))
 }
 
 /// Logs the alerts that started or stopped firing since `firing` (which it
@@ -373,7 +385,7 @@ pub(crate) async fn run_maintenance(m: Maintenance, shutdown: CancellationToken)
             last_purge = Some(Instant::now());
         }
         if alerts.any() && last_alerts.is_none_or(|t| t.elapsed() >= alert_every) {
-            match current_alerts(store.as_ref(), &alerts).await {
+            match current_alerts(store.as_ref(), &alerts, None).await {
                 Ok(now) => report_alerts(now, &mut firing),
                 Err(e) => warn!(error = %e, "alert evaluation failed"),
             }
