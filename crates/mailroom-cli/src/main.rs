@@ -69,7 +69,7 @@ pub enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
     },
-    /// Per-topic counts, oldest pending age, blocked keys.
+    /// Per-topic counts, oldest pending age, blocked keys, and the alerts firing.
     Status,
     /// List or show events.
     Events {
