@@ -981,3 +981,33 @@ pub(crate) fn purge_step(
         next_from,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::StatementStatus;
+
+    /// A claim binds a new `now` and `LIMIT` every time; with the planner
+    /// stability guarantee set by `open_connection`, its cached statement is
+    /// compiled once, not once per claim.
+    #[test]
+    fn claims_are_not_recompiled_per_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn =
+            crate::store::open_connection(&dir.path().join("t.db"), Duration::from_secs(1), false)
+                .unwrap();
+        crate::schema::migrate(&conn, 0).unwrap();
+        for (i, max) in [5u32, 7, 100, 1].into_iter().enumerate() {
+            let req = ClaimRequest {
+                topic: "t".into(),
+                worker: "w".into(),
+                max,
+                lease: Duration::from_secs(30),
+                per_key: None,
+            };
+            claim(&conn, &req, 1_000 + i64::try_from(i).unwrap()).unwrap();
+        }
+        let stmt = conn.prepare_cached(CLAIM_ANY).unwrap();
+        assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0);
+    }
+}

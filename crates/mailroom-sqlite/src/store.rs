@@ -9,6 +9,7 @@ use mailroom_core::{
     AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
     ListFilter, NewEvent, Page, PurgeReport, Result, Retention, Store, StoreError, TopicStats,
 };
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
 use std::sync::Arc;
@@ -46,6 +47,14 @@ pub(crate) fn open_connection(path: &Path, busy: Duration, read_only: bool) -> R
     conn.busy_timeout(busy)
         .map_err(db("setting busy_timeout"))?;
     conn.set_prepared_statement_cache_capacity(64);
+    // Plan each cached statement once. Without the query planner stability
+    // guarantee, SQLite (built with STAT4) recompiles a statement whenever a
+    // new value is bound to a parameter that may steer its plan, such as a
+    // claim's `LIMIT ?` and `next_attempt_at <= ?`: a parse and plan on
+    // every claim. The claims name their index, so a value cannot improve
+    // their plan.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(db("enabling the query planner stability guarantee"))?;
     if !read_only {
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
