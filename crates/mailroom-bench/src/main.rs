@@ -5,6 +5,9 @@
 //!   printing acks/s, latency percentiles, mailroom's RSS and the ratio.
 //! - `drain`: N preloaded pending events through no-op handlers of a
 //!   `single`, a `sequential` and a `batch` topic, with ratios to `single`.
+//! - `floor`: the engine's `single` and `batch` drains beside a raw SQLite
+//!   loop doing only the writes a batch drain needs: the most any batch
+//!   implementation on this store could reach, as a ratio to `single`.
 //! - `pg`: both of the above on SQLite and on a fresh PostgreSQL database
 //!   with one and with two mailroom instances, side by side.
 //!
@@ -14,6 +17,7 @@
 
 mod backend;
 mod drain;
+mod floor;
 mod ingest;
 mod pg;
 mod procfs;
@@ -45,6 +49,9 @@ enum Command {
     Drain(DrainArgs),
     /// Intake and drain on SQLite, PostgreSQL x1 and PostgreSQL x2, side by side.
     Pg(PgArgs),
+    /// SQLite drains of `single` and `batch` beside a raw SQLite loop doing
+    /// only the writes a batch drain needs (the bound for `batch`).
+    Floor(FloorArgs),
     /// (internal) mailroom as `mailroom serve` runs it, for `ingest`.
     #[command(name = "__serve", hide = true)]
     Serve(ServeArgs),
@@ -156,6 +163,19 @@ impl DrainSettingsArgs {
             timeout: self.timeout,
         }
     }
+}
+
+#[derive(Debug, Args)]
+struct FloorArgs {
+    /// Rounds (each: engine single, engine batch, raw floor); the summary
+    /// gives the medians of each round's ratios to `single`.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[command(flatten)]
+    drain: DrainSettingsArgs,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -333,5 +353,27 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Pg(a) => pg::run(a).await,
+        Command::Floor(a) => {
+            let settings = a.drain.settings();
+            let mut rounds = Vec::new();
+            for _ in 0..a.rounds.max(1) {
+                let single = drain::run(&settings, DrainMode::Single, &Backend::Sqlite, 1).await?;
+                let batch = drain::run(&settings, DrainMode::Batch, &Backend::Sqlite, 1).await?;
+                let raw =
+                    floor::run(settings.events, settings.batch_size, settings.body_size).await?;
+                rounds.push(floor::Round { single, batch, raw });
+            }
+            if a.json {
+                let out = serde_json::json!({
+                    "bench": "floor",
+                    "rounds": rounds,
+                    "median": floor::medians(&rounds),
+                });
+                println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
+            } else {
+                floor::print(&settings, &rounds);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
