@@ -220,8 +220,8 @@ macro_rules! head_skip {
     };
 }
 
-/// Moves the events whose `seq` the `$4` selection yields to `running`.
-/// `$1` lease (µs), `$2` worker, `$3` topic.
+/// Moves the events whose `seq` the selection yields to `running`.
+/// `$1` lease (µs), `$2` worker; the selection's own parameters follow.
 macro_rules! claim_update {
     ($selection:expr) => {
         concat!(
@@ -280,13 +280,19 @@ macro_rules! claim_candidates {
 }
 
 /// Sequential topics, step 2: re-check the head rule on a snapshot taken
-/// after the key locks were granted, and claim. `$4` = candidate seqs.
+/// after the key locks were granted, and claim. `$3` = candidate seqs.
+///
+/// The candidates' rows are pending and stay so: step 1 locked them (`FOR
+/// UPDATE`) in this transaction, and `now()` is the transaction's start in
+/// both statements. So the rows are found by `seq` alone, through the
+/// primary key. Repeating `topic`, `status` and `next_attempt_at` here let
+/// the planner, with no statistics yet (a new table under its first
+/// backlog), read them through `events_claim` instead, filtering every
+/// pending row of the topic: 38 ms per claim with 70,000 pending.
 macro_rules! claim_locked {
     ($head:expr) => {
         claim_update!(concat!(
-            "SELECT e.seq FROM mailroom.events e
-             WHERE e.seq = ANY($4) AND e.topic = $3 AND e.status = 'pending'
-               AND e.next_attempt_at <= now() AND ",
+            "SELECT e.seq FROM mailroom.events e WHERE e.seq = ANY($3) AND ",
             $head,
             " FOR UPDATE OF e SKIP LOCKED"
         ))
@@ -352,7 +358,6 @@ pub(crate) async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Claim
             let rows = sqlx::query(take)
                 .bind(lease)
                 .bind(&req.worker)
-                .bind(&req.topic)
                 .bind(&seqs)
                 .fetch_all(&mut *tx)
                 .await
@@ -945,6 +950,44 @@ mod tests {
             assert!(
                 plan.contains("using events_claim on events"),
                 "{name}: the claim does not read events_claim:\n{plan}"
+            );
+        }
+    }
+
+    /// A new table under its first backlog (no statistics yet): the second
+    /// step of a sequential claim finds its candidates by `seq` through the
+    /// primary key, not by filtering every pending row of the topic.
+    #[tokio::test]
+    async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let store = crate::PostgresStore::connect(crate::PostgresOptions::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        mailroom_core::Store::migrate(&store).await.unwrap();
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO mailroom.events
+                 (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at)
+             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % 1000), 'pending', 10, now()
+             FROM generate_series(1, 20000) g",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let seqs: Vec<i64> = (1..=120).collect();
+        for sql in [claim_locked!(head_block!()), claim_locked!(head_skip!())] {
+            let plan: Vec<String> =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+                    .bind(30_000_000_i64)
+                    .bind("w")
+                    .bind(&seqs)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
+            let plan = plan.join("\n");
+            assert!(
+                !plan.contains("events_claim"),
+                "the re-check reads the pending index:\n{plan}"
             );
         }
     }
