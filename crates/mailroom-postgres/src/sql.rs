@@ -885,34 +885,26 @@ pub(crate) async fn try_lead(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use sqlx::{Connection as _, PgConnection};
+    use sqlx::postgres::PgArguments;
+    use sqlx::query::QueryScalar;
+    use sqlx::{Connection as _, PgConnection, Postgres};
 
-    /// The plan `EXPLAIN` gives for `sql` with these arguments, as text.
-    async fn plan(conn: &mut PgConnection, sql: &str, args: (i64, &str, i64)) -> String {
-        let (lease, topic, max) = args;
-        // Our own constant statements behind EXPLAIN: nothing to inject.
-        let explain = format!("EXPLAIN {sql}");
-        let query = if sql == CLAIM_ANY {
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain.clone()))
-                .bind(lease)
-                .bind("w")
-                .bind(topic)
-                .bind(max)
-        } else {
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain.clone()))
-                .bind(topic)
-                .bind(max)
-                .bind(KEY_LOCK_CLASS)
-        };
+    /// `EXPLAIN` of one of our own constant statements: nothing to inject.
+    fn explain(sql: &str) -> QueryScalar<'static, Postgres, String, PgArguments> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+    }
+
+    /// The plan of `query` (an [`explain`] with its arguments bound), as text.
+    async fn plan(
+        conn: &mut PgConnection,
+        query: QueryScalar<'_, Postgres, String, PgArguments>,
+    ) -> String {
         query.fetch_all(conn).await.unwrap().join("\n")
     }
 
-    /// Statistics taken while every row was pending (an ANALYZE during a
-    /// backlog), then most rows finished: claims still find pending rows
-    /// through `events_claim` instead of walking the primary key over the
-    /// finished ones.
-    #[tokio::test]
-    async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
+    /// A fresh database holding a backlog of 20,000 pending events of
+    /// topic `t` spread over `keys` keys, and a connection to it.
+    async fn backlog(keys: u32) -> PgConnection {
         let url = mailroom_testkit::fresh_postgres_db().await;
         let store = crate::PostgresStore::connect(crate::PostgresOptions::from_url(&url).unwrap())
             .await
@@ -922,12 +914,23 @@ mod tests {
         sqlx::query(
             "INSERT INTO mailroom.events
                  (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at)
-             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % 50), 'pending', 10, now()
+             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % $1), 'pending', 10, now()
              FROM generate_series(1, 20000) g",
         )
+        .bind(i64::from(keys))
         .execute(&mut conn)
         .await
         .unwrap();
+        conn
+    }
+
+    /// Statistics taken while every row was pending (an ANALYZE during a
+    /// backlog), then most rows finished: claims still find pending rows
+    /// through `events_claim` instead of walking the primary key over the
+    /// finished ones.
+    #[tokio::test]
+    async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
+        let mut conn = backlog(50).await;
         sqlx::query("ANALYZE mailroom.events")
             .execute(&mut conn)
             .await
@@ -938,15 +941,21 @@ mod tests {
         .execute(&mut conn)
         .await
         .unwrap();
-        for (name, sql) in [
-            ("single", CLAIM_ANY),
-            ("sequential", claim_candidates!(head_block!())),
+        let single = explain(CLAIM_ANY)
+            .bind(30_000_000_i64)
+            .bind("w")
+            .bind("t")
+            .bind(100_i64);
+        let sequential = |sql| explain(sql).bind("t").bind(100_i64).bind(KEY_LOCK_CLASS);
+        for (name, query) in [
+            ("single", single),
+            ("sequential", sequential(claim_candidates!(head_block!()))),
             (
                 "sequential, on_dead = skip",
-                claim_candidates!(head_skip!()),
+                sequential(claim_candidates!(head_skip!())),
             ),
         ] {
-            let plan = plan(&mut conn, sql, (30_000_000, "t", 100)).await;
+            let plan = plan(&mut conn, query).await;
             assert!(
                 plan.contains("using events_claim on events"),
                 "{name}: the claim does not read events_claim:\n{plan}"
@@ -959,32 +968,14 @@ mod tests {
     /// primary key, not by filtering every pending row of the topic.
     #[tokio::test]
     async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
-        let url = mailroom_testkit::fresh_postgres_db().await;
-        let store = crate::PostgresStore::connect(crate::PostgresOptions::from_url(&url).unwrap())
-            .await
-            .unwrap();
-        mailroom_core::Store::migrate(&store).await.unwrap();
-        let mut conn = PgConnection::connect(&url).await.unwrap();
-        sqlx::query(
-            "INSERT INTO mailroom.events
-                 (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at)
-             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % 1000), 'pending', 10, now()
-             FROM generate_series(1, 20000) g",
-        )
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        let mut conn = backlog(1000).await;
         let seqs: Vec<i64> = (1..=120).collect();
         for sql in [claim_locked!(head_block!()), claim_locked!(head_skip!())] {
-            let plan: Vec<String> =
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
-                    .bind(30_000_000_i64)
-                    .bind("w")
-                    .bind(&seqs)
-                    .fetch_all(&mut conn)
-                    .await
-                    .unwrap();
-            let plan = plan.join("\n");
+            let query = explain(sql)
+                .bind(30_000_000_i64)
+                .bind("w")
+                .bind(seqs.clone());
+            let plan = plan(&mut conn, query).await;
             assert!(
                 !plan.contains("events_claim"),
                 "the re-check reads the pending index:\n{plan}"
