@@ -16,7 +16,7 @@
 //! in the same round, so the ratio says how far above `single` any batch
 //! implementation on this store could get on this machine.
 
-use crate::backend::{Backend, Opened};
+use crate::backend::Backend;
 use anyhow::Context;
 use rusqlite::Connection;
 use std::time::{Duration, Instant};
@@ -59,19 +59,14 @@ pub async fn run(events: u64, max_size: u32, body_size: usize) -> anyhow::Result
     let fresh = Backend::Sqlite.fresh().await?;
     // The store creates the schema; then it is closed and this thread is
     // the only writer.
-    let path = {
-        let opened = fresh.open(true).await?;
-        let store = opened.store();
-        store.migrate().await.context("migrating")?;
-        let Opened::Sqlite(_) = &opened else {
-            anyhow::bail!("the floor runs on SQLite only");
-        };
-        fresh
-            .url
-            .strip_prefix("sqlite://")
-            .context("a SQLite URL")?
-            .to_string()
-    };
+    let opened = fresh.open(true).await?;
+    opened.store().migrate().await.context("migrating")?;
+    opened.close().await;
+    let path = fresh
+        .url
+        .strip_prefix("sqlite://")
+        .context("a SQLite URL")?
+        .to_string();
     let body = crate::ingest::body(body_size);
     let result = tokio::task::spawn_blocking(move || drain(&path, events, max_size, &body))
         .await
