@@ -222,6 +222,12 @@ macro_rules! head_skip {
 
 /// Moves the events whose `seq` the selection yields to `running`.
 /// `$1` lease (µs), `$2` worker; the selection's own parameters follow.
+///
+/// `= ANY(ARRAY(selection))`, not `IN (selection)`: the selection runs once
+/// and the rows are then fetched through the primary key. With `IN`, a
+/// generic plan (a prepared statement's after five runs), which guesses
+/// that `LIMIT $n` keeps a tenth of the pending rows, hash-joined the
+/// selection against a sequential scan of the whole table on every claim.
 macro_rules! claim_update {
     ($selection:expr) => {
         concat!(
@@ -229,9 +235,9 @@ macro_rules! claim_update {
              SET status = 'running', attempts = e.attempts + 1,
                  lease_until = now() + $1 * interval '1 microsecond',
                  started_at = now(), worker = $2, next_attempt_at = NULL
-             WHERE e.seq IN (",
+             WHERE e.seq = ANY(ARRAY(",
             $selection,
-            ") RETURNING ",
+            ")) RETURNING ",
             event_cols!()
         )
     };
@@ -250,7 +256,8 @@ macro_rules! claim_update {
 /// finished rows, against 2 ms), exactly while a backlog drains. An
 /// equality with a constant would make `topic` redundant in the ORDER BY;
 /// `= ANY` keeps it, so only `events_claim (topic, seq)` can produce the
-/// order without sorting every pending row, whatever the statistics say.
+/// order without sorting every pending row, whatever the statistics say
+/// (migration 5 dropped the one other index in that order).
 /// Sequential claims (`claim_candidates!`) do the same.
 const CLAIM_ANY: &str = claim_update!(
     "SELECT c.seq FROM mailroom.events c
@@ -609,6 +616,41 @@ pub(crate) async fn skip(pool: &PgPool, id: EventId) -> Result<Event> {
     get(pool, id).await?.ok_or(StoreError::NotFound)
 }
 
+/// A page of events, newest first: the primary key walked backwards.
+/// `$1` topic (NULL here), `$2` status, `$3` key, `$4` before this seq, `$5` limit.
+const LIST_ALL: &str = concat!(
+    "SELECT ",
+    event_cols!(),
+    " FROM mailroom.events e
+     WHERE ($1::text IS NULL OR e.topic = $1)
+       AND ($2::text IS NULL OR e.status = $2)
+       AND ($3::text IS NULL OR e.key = $3)
+       AND ($4::int8 IS NULL OR e.seq < $4)
+     ORDER BY e.seq DESC LIMIT $5"
+);
+
+/// The same for one topic, from two indexes read backwards and merged: its
+/// pending events from `events_claim`, the others from `events_listing`
+/// (migration 5 explains why no one index holds both).
+const LIST_TOPIC: &str = concat!(
+    "SELECT ",
+    event_cols!(),
+    " FROM ((SELECT * FROM mailroom.events
+             WHERE topic = $1 AND status = 'pending'
+               AND ($2::text IS NULL OR $2 = 'pending')
+               AND ($3::text IS NULL OR key = $3)
+               AND ($4::int8 IS NULL OR seq < $4)
+             ORDER BY seq DESC LIMIT $5)
+            UNION ALL
+            (SELECT * FROM mailroom.events
+             WHERE topic = $1 AND status <> 'pending'
+               AND ($2::text IS NULL OR status = $2)
+               AND ($3::text IS NULL OR key = $3)
+               AND ($4::int8 IS NULL OR seq < $4)
+             ORDER BY seq DESC LIMIT $5)) e
+     ORDER BY e.seq DESC LIMIT $5"
+);
+
 pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
     const CTX: &str = "listing events";
     let limit = match filter.limit {
@@ -630,24 +672,20 @@ pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
         }
     };
     // One row more than the page tells whether another page follows.
-    let rows = sqlx::query(concat!(
-        "SELECT ",
-        event_cols!(),
-        " FROM mailroom.events e
-         WHERE ($1::text IS NULL OR e.topic = $1)
-           AND ($2::text IS NULL OR e.status = $2)
-           AND ($3::text IS NULL OR e.key = $3)
-           AND ($4::int8 IS NULL OR e.seq < $4)
-         ORDER BY e.seq DESC LIMIT $5"
-    ))
-    .bind(filter.topic.as_deref())
-    .bind(filter.status.map(Status::as_str))
-    .bind(filter.key.as_deref())
-    .bind(after_seq)
-    .bind(i64::from(limit) + 1)
-    .fetch_all(pool)
-    .await
-    .map_err(db(CTX))?;
+    let sql = if filter.topic.is_some() {
+        LIST_TOPIC
+    } else {
+        LIST_ALL
+    };
+    let rows = sqlx::query(sql)
+        .bind(filter.topic.as_deref())
+        .bind(filter.status.map(Status::as_str))
+        .bind(filter.key.as_deref())
+        .bind(after_seq)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(pool)
+        .await
+        .map_err(db(CTX))?;
     let mut events: Vec<Event> = events_from_rows(&rows)?
         .into_iter()
         .map(|(_, e)| e)
@@ -903,7 +941,8 @@ mod tests {
     }
 
     /// A fresh database holding a backlog of 20,000 pending events of
-    /// topic `t` spread over `keys` keys, and a connection to it.
+    /// topic `t` (256-byte payloads) spread over `keys` keys, and a
+    /// connection to it.
     async fn backlog(keys: u32) -> PgConnection {
         let url = mailroom_testkit::fresh_postgres_db().await;
         let store = crate::PostgresStore::connect(crate::PostgresOptions::from_url(&url).unwrap())
@@ -913,8 +952,9 @@ mod tests {
         let mut conn = PgConnection::connect(&url).await.unwrap();
         sqlx::query(
             "INSERT INTO mailroom.events
-                 (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at)
-             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % $1), 'pending', 10, now()
+                 (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at, payload)
+             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % $1), 'pending', 10, now(),
+                    convert_to(repeat('x', 256), 'UTF8')
              FROM generate_series(1, 20000) g",
         )
         .bind(i64::from(keys))
@@ -924,10 +964,34 @@ mod tests {
         conn
     }
 
+    /// The generic plan of `sql` (the one a prepared statement switches to
+    /// after five runs), its parameters declared as `types` and given as
+    /// the SQL literals `args`.
+    async fn generic_plan(conn: &mut PgConnection, sql: &str, types: &str, args: &str) -> String {
+        let prepare =
+            format!("SET plan_cache_mode = force_generic_plan; PREPARE q({types}) AS {sql}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN EXECUTE q({args})"
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .join("\n");
+        sqlx::raw_sql("DEALLOCATE q; RESET plan_cache_mode")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        plan
+    }
+
     /// Statistics taken while every row was pending (an ANALYZE during a
     /// backlog), then most rows finished: claims still find pending rows
-    /// through `events_claim` instead of walking the primary key over the
-    /// finished ones.
+    /// through `events_claim`, neither walking another index over the
+    /// finished ones nor scanning the table, in custom and generic plans.
     #[tokio::test]
     async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
         let mut conn = backlog(50).await;
@@ -935,37 +999,91 @@ mod tests {
             .execute(&mut conn)
             .await
             .unwrap();
+        for moment in ["all pending", "most finished"] {
+            if moment == "most finished" {
+                sqlx::query(
+                    "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
+                     WHERE seq <= 19000",
+                )
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            }
+            let single = explain(CLAIM_ANY)
+                .bind(30_000_000_i64)
+                .bind("w")
+                .bind("t")
+                .bind(100_i64);
+            let sequential = |sql| explain(sql).bind("t").bind(100_i64).bind(KEY_LOCK_CLASS);
+            let block = claim_candidates!(head_block!());
+            let skip = claim_candidates!(head_skip!());
+            let mut plans = vec![
+                ("single", plan(&mut conn, single).await),
+                ("sequential", plan(&mut conn, sequential(block)).await),
+                (
+                    "sequential, on_dead = skip",
+                    plan(&mut conn, sequential(skip)).await,
+                ),
+            ];
+            let single_args = "30000000, 'w', 't', 100";
+            let generic_single =
+                generic_plan(&mut conn, CLAIM_ANY, "int8, text, text, int8", single_args).await;
+            plans.push(("single, generic plan", generic_single));
+            for (name, sql) in [
+                ("sequential, generic plan", block),
+                ("skip, generic plan", skip),
+            ] {
+                let generic = generic_plan(&mut conn, sql, "text, int8, int4", "'t', 100, 1").await;
+                plans.push((name, generic));
+            }
+            for (name, plan) in plans {
+                assert!(
+                    plan.contains("using events_claim on events") && !plan.contains("Seq Scan"),
+                    "{moment}, {name}: the claim does not read events_claim alone:\n{plan}"
+                );
+            }
+        }
+    }
+
+    /// Listing one topic reads its pending events from `events_claim` and
+    /// the others from `events_listing`, newest first, instead of walking
+    /// the other topics' events.
+    #[tokio::test]
+    async fn topic_listings_read_two_indexes_backwards() {
+        let mut conn = backlog(50).await;
+        // A rare topic among the backlog of `t`: half of it finished.
         sqlx::query(
-            "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL WHERE seq <= 19000",
+            "INSERT INTO mailroom.events (id, source, topic, dedup_key, status, max_attempts)
+             SELECT mailroom.uuid_v7(), 'r', 'rare', g::text,
+                    CASE WHEN g % 2 = 0 THEN 'done' ELSE 'pending' END, 10
+             FROM generate_series(1, 300) g",
         )
         .execute(&mut conn)
         .await
         .unwrap();
-        let single = explain(CLAIM_ANY)
-            .bind(30_000_000_i64)
-            .bind("w")
-            .bind("t")
-            .bind(100_i64);
-        let sequential = |sql| explain(sql).bind("t").bind(100_i64).bind(KEY_LOCK_CLASS);
-        for (name, query) in [
-            ("single", single),
-            ("sequential", sequential(claim_candidates!(head_block!()))),
-            (
-                "sequential, on_dead = skip",
-                sequential(claim_candidates!(head_skip!())),
-            ),
-        ] {
-            let plan = plan(&mut conn, query).await;
-            assert!(
-                plan.contains("using events_claim on events"),
-                "{name}: the claim does not read events_claim:\n{plan}"
-            );
-        }
+        sqlx::query("ANALYZE mailroom.events")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let query = explain(LIST_TOPIC)
+            .bind("rare")
+            .bind(None::<String>)
+            .bind(None::<String>)
+            .bind(None::<i64>)
+            .bind(101_i64);
+        let plan = plan(&mut conn, query).await;
+        assert!(
+            plan.contains("Index Scan Backward using events_claim")
+                && plan.contains("Index Scan Backward using events_listing")
+                && !plan.contains("Seq Scan"),
+            "{plan}"
+        );
     }
 
     /// A new table under its first backlog (no statistics yet): the second
     /// step of a sequential claim finds its candidates by `seq` through the
-    /// primary key, not by filtering every pending row of the topic.
+    /// primary key, not by filtering every pending row of the topic, and
+    /// nothing in it scans the table.
     #[tokio::test]
     async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
         let mut conn = backlog(1000).await;
@@ -979,6 +1097,12 @@ mod tests {
             assert!(
                 !plan.contains("events_claim"),
                 "the re-check reads the pending index:\n{plan}"
+            );
+            // "Is any event of this key running?" reads an index too (the
+            // planner may hash the running events once per statement).
+            assert!(
+                !plan.contains("Seq Scan"),
+                "the re-check scans the table:\n{plan}"
             );
         }
     }
