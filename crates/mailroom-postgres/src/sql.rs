@@ -629,26 +629,34 @@ const LIST_ALL: &str = concat!(
      ORDER BY e.seq DESC LIMIT $5"
 );
 
+/// One topic's events whose status is (`=`) or is not (`<>`) `pending`,
+/// newest first; the filters and parameters of [`LIST_ALL`].
+macro_rules! list_topic_part {
+    ($pending:literal) => {
+        concat!(
+            "(SELECT * FROM mailroom.events
+              WHERE topic = $1 AND status ",
+            $pending,
+            " 'pending'
+                AND ($2::text IS NULL OR status = $2)
+                AND ($3::text IS NULL OR key = $3)
+                AND ($4::int8 IS NULL OR seq < $4)
+              ORDER BY seq DESC LIMIT $5)"
+        )
+    };
+}
+
 /// The same for one topic, from two indexes read backwards and merged: its
 /// pending events from `events_claim`, the others from `events_listing`
 /// (migration 5 explains why no one index holds both).
 const LIST_TOPIC: &str = concat!(
     "SELECT ",
     event_cols!(),
-    " FROM ((SELECT * FROM mailroom.events
-             WHERE topic = $1 AND status = 'pending'
-               AND ($2::text IS NULL OR $2 = 'pending')
-               AND ($3::text IS NULL OR key = $3)
-               AND ($4::int8 IS NULL OR seq < $4)
-             ORDER BY seq DESC LIMIT $5)
-            UNION ALL
-            (SELECT * FROM mailroom.events
-             WHERE topic = $1 AND status <> 'pending'
-               AND ($2::text IS NULL OR status = $2)
-               AND ($3::text IS NULL OR key = $3)
-               AND ($4::int8 IS NULL OR seq < $4)
-             ORDER BY seq DESC LIMIT $5)) e
-     ORDER BY e.seq DESC LIMIT $5"
+    " FROM (",
+    list_topic_part!("="),
+    " UNION ALL ",
+    list_topic_part!("<>"),
+    ") e ORDER BY e.seq DESC LIMIT $5"
 );
 
 pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
