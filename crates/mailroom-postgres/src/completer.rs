@@ -92,7 +92,7 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
 }
 
 /// Input rows in queue order; `ord` tells which ones ended.
-const COMPLETE_MANY: &str = "
+pub(crate) const COMPLETE_MANY: &str = "
     WITH input AS (
         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::text[], $6::text[])
             WITH ORDINALITY AS t(id, token, status, delay_us, error, outcome, ord)

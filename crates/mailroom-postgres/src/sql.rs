@@ -629,15 +629,15 @@ const LIST_ALL: &str = concat!(
      ORDER BY e.seq DESC LIMIT $5"
 );
 
-/// One topic's events whose status is (`=`) or is not (`<>`) `pending`,
-/// newest first; the filters and parameters of [`LIST_ALL`].
+/// One topic's events in one `state` (a condition on `status`), newest
+/// first; the filters and parameters of [`LIST_ALL`].
 macro_rules! list_topic_part {
-    ($pending:literal) => {
+    ($state:literal) => {
         concat!(
             "(SELECT * FROM mailroom.events
               WHERE topic = $1 AND status ",
-            $pending,
-            " 'pending'
+            $state,
+            "
                 AND ($2::text IS NULL OR status = $2)
                 AND ($3::text IS NULL OR key = $3)
                 AND ($4::int8 IS NULL OR seq < $4)
@@ -646,16 +646,20 @@ macro_rules! list_topic_part {
     };
 }
 
-/// The same for one topic, from two indexes read backwards and merged: its
-/// pending events from `events_claim`, the others from `events_listing`
-/// (migration 5 explains why no one index holds both).
+/// The same for one topic, merged from three parts, each read from its own
+/// partial index: pending events from `events_claim` and finished ones from
+/// `events_listing`, both backwards; running ones (at most the topics'
+/// concurrency) from `events_running`. Migrations 5 and 6 explain why no
+/// one index holds them all.
 const LIST_TOPIC: &str = concat!(
     "SELECT ",
     event_cols!(),
     " FROM (",
-    list_topic_part!("="),
+    list_topic_part!("= 'pending'"),
     " UNION ALL ",
-    list_topic_part!("<>"),
+    list_topic_part!("= 'running'"),
+    " UNION ALL ",
+    list_topic_part!("IN ('done', 'dead', 'skipped')"),
     ") e ORDER BY e.seq DESC LIMIT $5"
 );
 
@@ -1053,17 +1057,91 @@ mod tests {
         }
     }
 
-    /// Listing one topic reads its pending events from `events_claim` and
-    /// the others from `events_listing`, newest first, instead of walking
-    /// the other topics' events.
+    /// A completion group finds its rows by id (or among the few running
+    /// ones), never through an index that grows with the finished events,
+    /// nor by scanning the table: in custom and generic plans, with
+    /// statistics taken while every row was pending, at the start of the
+    /// drain and after most of it. With `events_listing` holding running
+    /// rows too (migration 5), both plans walked it.
     #[tokio::test]
-    async fn topic_listings_read_two_indexes_backwards() {
+    async fn completions_find_their_rows_without_walking_finished_ones() {
         let mut conn = backlog(50).await;
-        // A rare topic among the backlog of `t`: half of it finished.
+        sqlx::query("ANALYZE mailroom.events")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        for moment in ["start", "most finished"] {
+            let (first, last) = match moment {
+                "start" => (1, 64),
+                _ => (19_001, 19_064),
+            };
+            sqlx::query(
+                "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
+                 WHERE seq < $1",
+            )
+            .bind(first)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            let ids: Vec<String> = sqlx::query_scalar(
+                "UPDATE mailroom.events
+                 SET status = 'running', attempts = 1, next_attempt_at = NULL,
+                     lease_until = now() + interval '30 seconds', started_at = now()
+                 WHERE seq BETWEEN $1 AND $2 RETURNING id::text",
+            )
+            .bind(first)
+            .bind(last)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+            let n = ids.len();
+            let custom = explain(crate::completer::COMPLETE_MANY)
+                .bind(ids.clone())
+                .bind(vec![1_i64; n])
+                .bind(vec!["done"; n])
+                .bind(vec![0_i64; n])
+                .bind(vec![None::<String>; n])
+                .bind(vec!["done"; n]);
+            let custom = plan(&mut conn, custom).await;
+            // Our own UUIDs and constants: nothing to inject.
+            let array = |items: String, ty: &str| format!("'{{{items}}}'::{ty}[]");
+            let args = [
+                array(ids.join(","), "text"),
+                array(vec!["1"; n].join(","), "int8"),
+                array(vec!["done"; n].join(","), "text"),
+                array(vec!["0"; n].join(","), "int8"),
+                array(vec!["NULL"; n].join(","), "text"),
+                array(vec!["done"; n].join(","), "text"),
+            ]
+            .join(", ");
+            let types = "text[], int8[], text[], int8[], text[], text[]";
+            let generic =
+                generic_plan(&mut conn, crate::completer::COMPLETE_MANY, types, &args).await;
+            for (name, plan) in [("custom", custom), ("generic", generic)] {
+                assert!(
+                    (plan.contains("using events_id_key on events")
+                        || plan.contains("events_running"))
+                        && !plan.contains("events_listing")
+                        && !plan.contains("Seq Scan on events"),
+                    "{moment}, {name} plan: the completion walks finished events:\n{plan}"
+                );
+            }
+        }
+    }
+
+    /// Listing one topic reads its pending events from `events_claim`, its
+    /// running ones from `events_running` and the finished ones from
+    /// `events_listing`, instead of walking the other topics' events.
+    #[tokio::test]
+    async fn topic_listings_read_three_partial_indexes() {
+        let mut conn = backlog(50).await;
+        // A rare topic among the backlog of `t`: a tenth of it running, 40%
+        // finished, the rest pending, interleaved.
         sqlx::query(
             "INSERT INTO mailroom.events (id, source, topic, dedup_key, status, max_attempts)
              SELECT mailroom.uuid_v7(), 'r', 'rare', g::text,
-                    CASE WHEN g % 2 = 0 THEN 'done' ELSE 'pending' END, 10
+                    CASE WHEN g % 10 = 0 THEN 'running' WHEN g % 2 = 0 THEN 'done'
+                         ELSE 'pending' END, 10
              FROM generate_series(1, 300) g",
         )
         .execute(&mut conn)
@@ -1082,10 +1160,31 @@ mod tests {
         let plan = plan(&mut conn, query).await;
         assert!(
             plan.contains("Index Scan Backward using events_claim")
+                && plan.contains("events_running")
                 && plan.contains("Index Scan Backward using events_listing")
                 && !plan.contains("Seq Scan"),
             "{plan}"
         );
+        // And the merged page is the newest 101 events of the topic.
+        let page: Vec<i64> = sqlx::query(LIST_TOPIC)
+            .bind("rare")
+            .bind(None::<String>)
+            .bind(None::<String>)
+            .bind(None::<i64>)
+            .bind(101_i64)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let expected: Vec<i64> = sqlx::query_scalar(
+            "SELECT seq FROM mailroom.events WHERE topic = 'rare' ORDER BY seq DESC LIMIT 101",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(page, expected);
     }
 
     /// A new table under its first backlog (no statistics yet): the second
