@@ -127,6 +127,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Moves up to `req.max` due `pending` events of `req.topic`, oldest
     /// arrival first, to `running` under a lease of `req.lease`, each with a
     /// new fencing token (its attempt count, incremented).
+    ///
+    /// For topics without `per_key`, a backend may serve an event that
+    /// turned pending again behind newer ones (a retry come due, a replay)
+    /// up to a second late, while the newer ones keep its claims full
+    /// (PostgreSQL: `floor.rs`); never later than that.
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>>;
 
     /// Records the end of an attempt, only if `token` is still current

@@ -27,6 +27,7 @@
 //! that returns `Ok` has been flushed to the WAL (SPEC §2.1).
 
 mod completer;
+mod floor;
 mod listen;
 mod options;
 pub mod outbox;

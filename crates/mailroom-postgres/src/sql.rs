@@ -259,9 +259,13 @@ macro_rules! claim_update {
 /// order without sorting every pending row, whatever the statistics say
 /// (migration 5 dropped the one other index in that order).
 /// Sequential claims (`claim_candidates!`) do the same.
+///
+/// `$5` is where the walk starts (`seq >= $5`): `0` for the whole topic, or
+/// a floor past the rows earlier claims already took (see `floor.rs`).
 const CLAIM_ANY: &str = claim_update!(
     "SELECT c.seq FROM mailroom.events c
-     WHERE c.topic = ANY(ARRAY[$3::text]) AND c.status = 'pending' AND c.next_attempt_at <= now()
+     WHERE c.topic = ANY(ARRAY[$3::text]) AND c.seq >= $5
+       AND c.status = 'pending' AND c.next_attempt_at <= now()
      ORDER BY c.topic, c.seq LIMIT $4 FOR UPDATE SKIP LOCKED"
 );
 
@@ -306,14 +310,41 @@ macro_rules! claim_locked {
     };
 }
 
-/// Claims per the trait's contract.
-///
-/// For sequential topics the head rule ("no earlier open event of the key,
-/// none running") reads *other* rows, which row locks alone cannot protect:
-/// two transactions could each see "nothing of key K is running" on their
-/// own snapshots and claim two different events of K (e.g. a replayed
-/// earlier event and the next one). So a claim of a keyed event is made
-/// under a transaction-scoped advisory lock on (topic, key):
+/// Claims per the trait's contract, walking the whole topic.
+pub(crate) async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<(i64, Claimed)>> {
+    match req.per_key {
+        None => claim_from(pool, req, 0).await,
+        Some(on_dead) => claim_heads(pool, req, on_dead).await,
+    }
+}
+
+/// Claims independent events (no `per_key`), walking the topic's pending
+/// events from `seq >= from`. Returns each claimed event with its `seq`,
+/// oldest first.
+pub(crate) async fn claim_from(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    from: i64,
+) -> Result<Vec<(i64, Claimed)>> {
+    let rows = sqlx::query(CLAIM_ANY)
+        .bind(micros(req.lease))
+        .bind(&req.worker)
+        .bind(&req.topic)
+        .bind(i64::from(req.max))
+        .bind(from)
+        .fetch_all(pool)
+        .await
+        .map_err(db("claiming events"))?;
+    claimed_from_rows(&rows)
+}
+
+/// Claims heads of keys, for sequential topics. The head rule ("no earlier
+/// open event of the key, none running") reads *other* rows, which row
+/// locks alone cannot protect: two transactions could each see "nothing of
+/// key K is running" on their own snapshots and claim two different events
+/// of K (e.g. a replayed earlier event and the next one). So a claim of a
+/// keyed event is made under a transaction-scoped advisory lock on (topic,
+/// key):
 ///
 /// 1. in one statement, pick the candidate heads and
 ///    `pg_try_advisory_xact_lock` each key; a key another claim holds is
@@ -329,64 +360,59 @@ macro_rules! claim_locked {
 /// replays and rescues only make a key less busy and need no lock. Keyless
 /// events are independent and rely on `FOR UPDATE SKIP LOCKED` alone. A hash
 /// collision between two keys only makes one claim skip a key for a moment.
-pub(crate) async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Claimed>> {
+async fn claim_heads(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    on_dead: OnDead,
+) -> Result<Vec<(i64, Claimed)>> {
     const CTX: &str = "claiming events";
-    let lease = micros(req.lease);
-    let max = i64::from(req.max);
-    let rows = match req.per_key {
-        None => sqlx::query(CLAIM_ANY)
-            .bind(lease)
-            .bind(&req.worker)
-            .bind(&req.topic)
-            .bind(max)
-            .fetch_all(pool)
-            .await
-            .map_err(db(CTX))?,
-        Some(on_dead) => {
-            let (pick, take) = match on_dead {
-                OnDead::Block => (
-                    claim_candidates!(head_block!()),
-                    claim_locked!(head_block!()),
-                ),
-                OnDead::Skip => (claim_candidates!(head_skip!()), claim_locked!(head_skip!())),
-            };
-            let mut tx = pool.begin().await.map_err(db(CTX))?;
-            let seqs: Vec<i64> = sqlx::query_scalar(pick)
-                .bind(&req.topic)
-                .bind(max)
-                .bind(KEY_LOCK_CLASS)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db(CTX))?;
-            if seqs.is_empty() {
-                tx.rollback().await.map_err(db(CTX))?;
-                return Ok(Vec::new());
-            }
-            let rows = sqlx::query(take)
-                .bind(lease)
-                .bind(&req.worker)
-                .bind(&seqs)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db(CTX))?;
-            tx.commit().await.map_err(db(CTX))?;
-            rows
-        }
+    let (pick, take) = match on_dead {
+        OnDead::Block => (
+            claim_candidates!(head_block!()),
+            claim_locked!(head_block!()),
+        ),
+        OnDead::Skip => (claim_candidates!(head_skip!()), claim_locked!(head_skip!())),
     };
-    let mut claimed = events_from_rows(&rows)?;
-    // RETURNING comes in no particular order; hand out oldest arrival first.
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    let seqs: Vec<i64> = sqlx::query_scalar(pick)
+        .bind(&req.topic)
+        .bind(i64::from(req.max))
+        .bind(KEY_LOCK_CLASS)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    if seqs.is_empty() {
+        tx.rollback().await.map_err(db(CTX))?;
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(take)
+        .bind(micros(req.lease))
+        .bind(&req.worker)
+        .bind(&seqs)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
+    claimed_from_rows(&rows)
+}
+
+/// Claimed rows (`claim_update!`'s RETURNING), oldest arrival first.
+fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Claimed)>> {
+    let mut claimed = events_from_rows(rows)?;
+    // RETURNING comes in no particular order.
     claimed.sort_unstable_by_key(|(seq, _)| *seq);
     claimed
         .into_iter()
-        .map(|(_, event)| {
+        .map(|(seq, event)| {
             let lease_until = event.lease_until.ok_or_else(|| {
                 StoreError::Corrupt(format!("claimed event {} has no lease", event.id))
             })?;
-            Ok(Claimed {
+            let claimed = Claimed {
                 token: FencingToken(event.attempts),
                 lease_until,
                 event,
-            })
+            };
+            Ok((seq, claimed))
         })
         .collect()
 }
@@ -1021,26 +1047,37 @@ mod tests {
                 .await
                 .unwrap();
             }
-            let single = explain(CLAIM_ANY)
-                .bind(30_000_000_i64)
-                .bind("w")
-                .bind("t")
-                .bind(100_i64);
+            let single = |from: i64| {
+                explain(CLAIM_ANY)
+                    .bind(30_000_000_i64)
+                    .bind("w")
+                    .bind("t")
+                    .bind(100_i64)
+                    .bind(from)
+            };
             let sequential = |sql| explain(sql).bind("t").bind(100_i64).bind(KEY_LOCK_CLASS);
             let block = claim_candidates!(head_block!());
             let skip = claim_candidates!(head_skip!());
             let mut plans = vec![
-                ("single", plan(&mut conn, single).await),
+                ("single", plan(&mut conn, single(0)).await),
+                (
+                    "single, from a floor",
+                    plan(&mut conn, single(15_000)).await,
+                ),
                 ("sequential", plan(&mut conn, sequential(block)).await),
                 (
                     "sequential, on_dead = skip",
                     plan(&mut conn, sequential(skip)).await,
                 ),
             ];
-            let single_args = "30000000, 'w', 't', 100";
-            let generic_single =
-                generic_plan(&mut conn, CLAIM_ANY, "int8, text, text, int8", single_args).await;
-            plans.push(("single, generic plan", generic_single));
+            for (name, from) in [
+                ("single, generic plan", 0),
+                ("from a floor, generic", 15_000),
+            ] {
+                let args = format!("30000000, 'w', 't', 100, {from}");
+                let types = "int8, text, text, int8, int8";
+                plans.push((name, generic_plan(&mut conn, CLAIM_ANY, types, &args).await));
+            }
             for (name, sql) in [
                 ("sequential, generic plan", block),
                 ("skip, generic plan", skip),

@@ -1,6 +1,7 @@
 //! [`PostgresStore`]: the [`Store`] trait over one PostgreSQL database.
 
 use crate::completer::Completer;
+use crate::floor::Floors;
 use crate::options::PostgresOptions;
 use crate::sql::{self, db};
 use crate::writer::Writer;
@@ -12,7 +13,7 @@ use mailroom_core::{
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -36,6 +37,8 @@ struct Inner {
     completer: Option<Completer>,
     notify: broadcast::Sender<String>,
     listener: Option<JoinHandle<()>>,
+    /// Where claims of independent events start (`floor.rs`).
+    floors: Floors,
 }
 
 impl Drop for Inner {
@@ -84,6 +87,7 @@ impl PostgresStore {
                 completer,
                 notify,
                 listener,
+                floors: Floors::default(),
             }),
         })
     }
@@ -112,6 +116,42 @@ impl PostgresStore {
     fn pool_ref(&self) -> &PgPool {
         &self.inner.pool
     }
+
+    /// A claim of independent events, from the topic's floor when it has
+    /// one, then from its start for the rest if that came back short.
+    async fn claim_independent(&self, req: &ClaimRequest) -> Result<Vec<(i64, Claimed)>> {
+        let floors = &self.inner.floors;
+        let max = usize::try_from(req.max).unwrap_or(usize::MAX);
+        let from = floors.start(&req.topic, Instant::now());
+        let mut claimed = sql::claim_from(self.pool_ref(), req, from).await?;
+        let short = claimed.len() < max;
+        if from > 0 && short {
+            let rest = ClaimRequest {
+                max: req.max - u32::try_from(claimed.len()).unwrap_or(req.max),
+                ..req.clone()
+            };
+            match sql::claim_from(self.pool_ref(), &rest, 0).await {
+                Ok(older) => {
+                    claimed.extend(older);
+                    claimed.sort_unstable_by_key(|(seq, _)| *seq);
+                }
+                // What the first walk took is committed and leased: hand it
+                // out rather than leave it to lease rescue.
+                Err(e) if !claimed.is_empty() => {
+                    tracing::warn!(error = %e, topic = %req.topic, "claiming older events failed");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        floors.record(
+            &req.topic,
+            from == 0 || short,
+            max,
+            claimed.iter().map(|(seq, _)| *seq),
+            Instant::now(),
+        );
+        Ok(claimed)
+    }
 }
 
 #[async_trait::async_trait]
@@ -128,7 +168,12 @@ impl Store for PostgresStore {
         if req.max == 0 {
             return Ok(Vec::new());
         }
-        sql::claim(self.pool_ref(), req).await
+        let claimed = if req.per_key.is_some() {
+            sql::claim(self.pool_ref(), req).await?
+        } else {
+            self.claim_independent(req).await?
+        };
+        Ok(claimed.into_iter().map(|(_, c)| c).collect())
     }
 
     async fn complete(

@@ -524,3 +524,73 @@ async fn a_claim_in_flight_on_another_connection_holds_its_key() {
     let running = store.list(&running).await.unwrap().events;
     assert_eq!(running.iter().map(|e| e.id).collect::<Vec<_>>(), vec![a2]);
 }
+
+/// A claim that came back full makes the next one start past what it took
+/// (the floor, `src/floor.rs`). An older event that turns pending again
+/// (here a retry due at once) is still claimed: within the rescan interval
+/// while newer events keep the claims full, and at once when a claim from
+/// the floor comes back short.
+#[tokio::test]
+async fn events_behind_the_claim_floor_are_still_claimed() {
+    let (_url, store) = fresh(true).await;
+    for i in 0..40 {
+        store
+            .insert(event("orders", &format!("e{i}"), None))
+            .await
+            .unwrap();
+    }
+    let retry = Completion::Retry {
+        delay: Duration::ZERO,
+        error: "again".into(),
+    };
+    let first = store.claim(&claim_req("orders", 10, None)).await.unwrap();
+    assert_eq!(first.len(), 10);
+    let old = &first[0];
+    store
+        .complete(old.event.id, old.token, retry.clone())
+        .await
+        .unwrap();
+
+    // Newer events keep the claims full: the next claim walks from the
+    // floor, past the retried event...
+    let next = store.claim(&claim_req("orders", 5, None)).await.unwrap();
+    assert_eq!(next.len(), 5);
+    assert!(next.iter().all(|c| c.event.id != old.event.id));
+    // ...which a later claim takes while newer events are still waiting
+    // (one claim per 100 ms: 25 events left, 2.5 s against a 1 s rescan).
+    let mut newer_left = 25;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let got = store.claim(&claim_req("orders", 1, None)).await.unwrap();
+        assert_eq!(got.len(), 1, "the newer events ran out first");
+        if got[0].event.id == old.event.id {
+            break;
+        }
+        newer_left -= 1;
+        assert!(newer_left > 0, "the retried event was never claimed");
+    }
+
+    // Claim exactly what is left: a full claim, so the floor is now past
+    // every event. A retried event is then claimed at once: the walk from
+    // the floor comes back empty, and the whole topic is walked for the rest.
+    let pending = ListFilter {
+        topic: Some("orders".into()),
+        status: Some(Status::Pending),
+        limit: 100,
+        ..ListFilter::default()
+    };
+    let left = store.list(&pending).await.unwrap().events.len();
+    let max = u32::try_from(left).unwrap();
+    let rest = store.claim(&claim_req("orders", max, None)).await.unwrap();
+    assert_eq!(rest.len(), left);
+    let again = &rest[0];
+    store
+        .complete(again.event.id, again.token, retry)
+        .await
+        .unwrap();
+    let got = store.claim(&claim_req("orders", 100, None)).await.unwrap();
+    assert_eq!(
+        got.iter().map(|c| c.event.id).collect::<Vec<_>>(),
+        vec![again.event.id]
+    );
+}
