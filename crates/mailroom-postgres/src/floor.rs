@@ -78,12 +78,15 @@ impl Floors {
             topics.remove(topic);
             return;
         }
-        let walked_all_at = match topics.get(topic) {
-            Some(floor) if !walked_all => floor.walked_all_at,
-            _ if walked_all => now,
-            // Full from a floor nobody recorded (another task removed it):
-            // rescan next time.
-            _ => return,
+        let walked_all_at = if walked_all {
+            now
+        } else {
+            match topics.get(topic) {
+                Some(floor) => floor.walked_all_at,
+                // Full from a floor another task has since removed: walk
+                // the whole topic next time.
+                None => return,
+            }
         };
         topics.insert(
             topic.to_owned(),

@@ -310,14 +310,6 @@ macro_rules! claim_locked {
     };
 }
 
-/// Claims per the trait's contract, walking the whole topic.
-pub(crate) async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<(i64, Claimed)>> {
-    match req.per_key {
-        None => claim_from(pool, req, 0).await,
-        Some(on_dead) => claim_heads(pool, req, on_dead).await,
-    }
-}
-
 /// Claims independent events (no `per_key`), walking the topic's pending
 /// events from `seq >= from`. Returns each claimed event with its `seq`,
 /// oldest first.
@@ -360,7 +352,7 @@ pub(crate) async fn claim_from(
 /// replays and rescues only make a key less busy and need no lock. Keyless
 /// events are independent and rely on `FOR UPDATE SKIP LOCKED` alone. A hash
 /// collision between two keys only makes one claim skip a key for a moment.
-async fn claim_heads(
+pub(crate) async fn claim_heads(
     pool: &PgPool,
     req: &ClaimRequest,
     on_dead: OnDead,

@@ -168,10 +168,9 @@ impl Store for PostgresStore {
         if req.max == 0 {
             return Ok(Vec::new());
         }
-        let claimed = if req.per_key.is_some() {
-            sql::claim(self.pool_ref(), req).await?
-        } else {
-            self.claim_independent(req).await?
+        let claimed = match req.per_key {
+            Some(on_dead) => sql::claim_heads(self.pool_ref(), req, on_dead).await?,
+            None => self.claim_independent(req).await?,
         };
         Ok(claimed.into_iter().map(|(_, c)| c).collect())
     }
