@@ -206,6 +206,11 @@ struct PgArgs {
     /// the medians, and the x2/x1 ratio as the median of each round's.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Also drain with this many instances in each round (3 or more): the
+    /// most this store and machine give. xN / x1 is then the highest
+    /// x2 / x1 any instance could show here.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(3..=16))]
+    ceiling: Option<u8>,
     #[command(flatten)]
     drain: DrainSettingsArgs,
     /// Print the figures as one JSON object.

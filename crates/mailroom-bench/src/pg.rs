@@ -1,6 +1,9 @@
 //! `pg`: intake (group commit on) and drain on three targets in one run —
 //! SQLite, PostgreSQL with one mailroom instance, PostgreSQL with two — each
 //! on a fresh store, then a summary with the two-instance scaling ratios.
+//! With `--ceiling N`, each drain round also runs N instances: where the
+//! store and machine stop giving more, so x2 / x1 can be read against the
+//! highest ratio reachable here (xN / x1).
 
 use crate::backend::{self, Backend};
 use crate::{PgArgs, drain, ingest};
@@ -17,6 +20,7 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
         (a.store.clone(), 1),
         (a.store.clone(), 2),
     ];
+    let ceiling = a.ceiling.map(usize::from);
     if !a.json {
         println!(
             "pg: PostgreSQL {version} at {}; each target on a fresh store",
@@ -56,6 +60,9 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
             for (b, n) in &targets {
                 drains.push(drain::run(&settings, a.mode, b, *n).await?);
             }
+            if let Some(n) = ceiling {
+                drains.push(drain::run(&settings, a.mode, &a.store, n).await?);
+            }
             if !a.json {
                 if a.rounds > 1 {
                     println!("round {} of {}:", round + 1, a.rounds);
@@ -89,13 +96,23 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
         (Some(x), Some(y)) if y > 0.0 => Some(x / y),
         _ => None,
     };
-    let rows = [("sqlite", 1), ("postgres", 1), ("postgres", 2)];
+    let mut rows = vec![("sqlite", 1), ("postgres", 1), ("postgres", 2)];
+    rows.extend(ceiling.map(|n| ("postgres", n)));
     let scale_ingest = ratio(ingest_of("postgres", 2), ingest_of("postgres", 1));
     let round_scales: Vec<f64> = rounds
         .iter()
         .filter_map(|r| ratio(of_round(r, "postgres", 2), of_round(r, "postgres", 1)))
         .collect();
     let scale_drain = drain::median(round_scales.clone());
+    let ceiling_scales: Vec<f64> = ceiling
+        .map(|n| {
+            rounds
+                .iter()
+                .filter_map(|r| ratio(of_round(r, "postgres", n), of_round(r, "postgres", 1)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let scale_ceiling = drain::median(ceiling_scales.clone());
     if a.json {
         let out = serde_json::json!({
             "bench": "pg",
@@ -104,6 +121,9 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
             "drain": rounds,
             "drain_x2_over_x1_per_round": round_scales,
             "ratio_postgres_x2_over_x1": {"ingest": scale_ingest, "drain": scale_drain},
+            "ceiling_instances": ceiling,
+            "drain_xn_over_x1_per_round": ceiling_scales,
+            "ratio_postgres_xn_over_x1": scale_ceiling,
         });
         println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
     } else {
@@ -146,12 +166,33 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
             x(scale_ingest),
             x(scale_drain)
         );
+        if let Some(n) = ceiling {
+            println!(
+                "{:<14} {:>14} {:>16}",
+                format!("postgres x{n}/x1"),
+                "-",
+                x(scale_ceiling)
+            );
+        }
         println!(
             "{:<14} {:>14} {:>16}",
             "postgres/sqlite",
             x(ratio(ingest_of("postgres", 1), ingest_of("sqlite", 1))),
             x(ratio(drain_of("postgres", 1), drain_of("sqlite", 1))),
         );
+        if let Some(n) = ceiling {
+            println!(
+                "ceiling: x{n}/x1 per round {}; one instance already drains {} of what {n} do. \
+                 If {n} saturate this store and machine (a larger --ceiling adds nothing), \
+                 x2/x1 cannot exceed x{n}/x1 here",
+                ceiling_scales
+                    .iter()
+                    .map(|x| format!("{x:.2}x"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                scale_ceiling.map_or_else(|| "-".into(), |c| format!("{:.0}%", 100.0 / c)),
+            );
+        }
     }
     if durable {
         Ok(ExitCode::SUCCESS)
