@@ -270,25 +270,134 @@ const CLAIM_ANY: &str = claim_update!(
 );
 
 /// Sequential topics, step 1: the candidate heads (on this statement's
-/// snapshot), each of whose key we then try to lock. Returns the `seq` of
-/// keyless candidates and of candidates whose key lock we now hold.
-/// `$1` topic, `$2` max.
+/// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
+/// `$3` lock class, `$4` window.
+///
+/// The walk goes over the topic's pending events in arrival order, testing
+/// the head rule on each, and ends when it has `$2` heads or, at the
+/// latest, at the `$4`-th pending event (`bound`): with a few keys and
+/// deep backlogs almost every pending event waits behind its key's head,
+/// and an unbounded walk would test them all on every claim. Returns
+/// whether the bound cut the walk short (more pending events lie past it:
+/// [`HEADS_BY_KEY`] then looks for the heads of the keys the walk did not
+/// reach) and the `seq` of keyless candidates and of candidates whose key
+/// lock we now hold.
 macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
-            "WITH candidates AS MATERIALIZED (
+            "WITH bound AS MATERIALIZED (
+                 SELECT b.seq FROM mailroom.events b
+                 WHERE b.topic = ANY(ARRAY[$1::text]) AND b.status = 'pending'
+                 ORDER BY b.topic, b.seq OFFSET $4 - 1 LIMIT 1
+             ), candidates AS MATERIALIZED (
                  SELECT e.seq, e.key FROM mailroom.events e
                  WHERE e.topic = ANY(ARRAY[$1::text]) AND e.status = 'pending'
-                   AND e.next_attempt_at <= now() AND ",
+                   AND e.next_attempt_at <= now()
+                   AND e.seq <= COALESCE((SELECT seq FROM bound), 9223372036854775807) AND ",
             $head,
             " ORDER BY e.topic, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+             SELECT EXISTS (SELECT 1 FROM bound),
+                    ARRAY(SELECT c.seq FROM candidates c
+                          WHERE c.key IS NULL
+                             OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
+                          ORDER BY c.seq)"
+        )
+    };
+}
+
+/// The keys of a sequential topic that have open events, in key order, one
+/// index probe each (a "skip scan" of `events_open_keys`), and each key's
+/// head: its first open event (pending, running or dead; `$dead` drops dead
+/// ones for `OnDead::Skip`), kept if it is pending and nothing of its key
+/// runs. Columns `seq`, `key`, `next_attempt_at`. `$1` topic; `$keys` the
+/// most keys visited, so a topic with very many keys costs a bounded walk
+/// (keys past it are reached once earlier ones have no open events).
+///
+/// Spelled so that only `events_open_keys (topic, key, seq)` yields the
+/// orders asked for, whatever the statistics say (see [`CLAIM_ANY`] for
+/// `= ANY`). The key of a head is matched as the range `>= key AND <= key`:
+/// an equality would make `key` redundant in the ORDER BY, and with many
+/// rows per key the planner then found a key's first open event by
+/// walking the primary key from the table's start, over every finished
+/// event.
+macro_rules! heads_by_key {
+    ($dead:literal, $keys:literal) => {
+        concat!(
+            "WITH RECURSIVE keys (key, n) AS (
+                 (SELECT k.key, 1 FROM mailroom.events k
+                  WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key IS NOT NULL
+                    AND k.status IN ('pending', 'running', 'dead')
+                  ORDER BY k.topic, k.key LIMIT 1)
+                 UNION ALL
+                 SELECT next.key, keys.n + 1
+                 FROM keys CROSS JOIN LATERAL (
+                     SELECT k.key FROM mailroom.events k
+                     WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key > keys.key
+                       AND k.key IS NOT NULL AND k.status IN ('pending', 'running', 'dead')
+                     ORDER BY k.topic, k.key LIMIT 1) next
+                 WHERE keys.n < ",
+            $keys,
+            "
+             ), heads AS (
+                 SELECT h.seq, h.key, h.next_attempt_at
+                 FROM keys CROSS JOIN LATERAL (
+                     SELECT f.seq, f.key, f.status, f.next_attempt_at FROM mailroom.events f
+                     WHERE f.topic = ANY(ARRAY[$1::text])
+                       AND f.key >= keys.key AND f.key <= keys.key
+                       AND f.status IN ('pending', 'running', 'dead') ",
+            $dead,
+            "
+                     ORDER BY f.topic, f.key, f.seq LIMIT 1) h
+                 WHERE h.status = 'pending'
+                   AND NOT EXISTS (SELECT 1 FROM mailroom.events r
+                       WHERE r.topic = $1 AND r.key = keys.key AND r.status = 'running')
+             )"
+        )
+    };
+}
+
+/// Sequential topics, step 1 past the walk's bound: the heads of keys
+/// ([`heads_by_key!`]) that are due, minus the `seq`s the walk already
+/// took (`$3`), locked as the walk's are. `$1` topic, `$2` max, `$4` lock
+/// class.
+macro_rules! claim_heads_by_key {
+    ($dead:literal) => {
+        concat!(
+            heads_by_key!($dead, "10000"),
+            ", candidates AS MATERIALIZED (
+                 SELECT e.seq, e.key FROM mailroom.events e
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM heads WHERE next_attempt_at <= now()))
+                   AND NOT (e.seq = ANY($3)) AND e.status = 'pending'
+                 ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
              SELECT c.seq FROM candidates c
-             WHERE c.key IS NULL
-                OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
+             WHERE pg_try_advisory_xact_lock($4, hashtext($1 || chr(31) || c.key))
              ORDER BY c.seq"
         )
     };
 }
+const HEADS_BY_KEY: &str = claim_heads_by_key!("");
+const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.status <> 'dead'");
+
+/// Sequential topics, step 1 past the walk's bound: due keyless events
+/// (independent; only the outbox can store them in a sequential topic),
+/// minus the `seq`s already taken (`$3`). `$1` topic, `$2` max. It walks
+/// every pending event of the topic, so a claim runs it at most once per
+/// [`RESCAN`](crate::floor::RESCAN) while the topic's heads are sparse:
+/// without it, a keyless event behind a blocked key's deep backlog would
+/// never come within the walk's bound.
+const KEYLESS: &str = "
+    SELECT e.seq FROM mailroom.events e
+    WHERE e.topic = ANY(ARRAY[$1::text]) AND e.status = 'pending'
+      AND e.next_attempt_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3))
+    ORDER BY e.topic, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED";
+
+/// Pending events a sequential claim's walk tests at most (its bound).
+pub(crate) const SEQUENTIAL_WINDOW: i64 = 1024;
+/// The bound right after a walk that it cut short: the topic's heads are
+/// sparse among its pending events (few keys, deep backlogs), so most of
+/// them come from [`HEADS_BY_KEY`] and a long walk would mostly test
+/// events waiting behind their key's head.
+pub(crate) const SPARSE_WINDOW: i64 = 64;
 
 /// Sequential topics, step 2: re-check the head rule on a snapshot taken
 /// after the key locks were granted, and claim. `$3` = candidate seqs.
@@ -338,9 +447,11 @@ pub(crate) async fn claim_from(
 /// keyed event is made under a transaction-scoped advisory lock on (topic,
 /// key):
 ///
-/// 1. in one statement, pick the candidate heads and
-///    `pg_try_advisory_xact_lock` each key; a key another claim holds is
-///    skipped (not waited for);
+/// 1. pick the candidate heads and `pg_try_advisory_xact_lock` each key; a
+///    key another claim holds is skipped (not waited for). One statement
+///    walks the pending events in arrival order, up to a bound; when the
+///    bound cut it short of `max` heads, a second one finds the heads of
+///    the other keys, one key at a time (`HEADS_BY_KEY`);
 /// 2. in a *second* statement — whose READ COMMITTED snapshot is taken after
 ///    the locks were granted, so it sees every claim of those keys that
 ///    committed before (a transaction's effects are visible before its locks
@@ -352,30 +463,67 @@ pub(crate) async fn claim_from(
 /// replays and rescues only make a key less busy and need no lock. Keyless
 /// events are independent and rely on `FOR UPDATE SKIP LOCKED` alone. A hash
 /// collision between two keys only makes one claim skip a key for a moment.
+///
+/// `window` bounds the walk ([`SEQUENTIAL_WINDOW`] or [`SPARSE_WINDOW`]);
+/// past it, `keyless` also looks for keyless events ([`KEYLESS`]). Also
+/// returns whether the bound cut the walk short of `max` heads.
 pub(crate) async fn claim_heads(
     pool: &PgPool,
     req: &ClaimRequest,
     on_dead: OnDead,
-) -> Result<Vec<(i64, Claimed)>> {
+    window: i64,
+    keyless: bool,
+) -> Result<(Vec<(i64, Claimed)>, bool)> {
     const CTX: &str = "claiming events";
-    let (pick, take) = match on_dead {
+    let (pick, by_key, take) = match on_dead {
         OnDead::Block => (
             claim_candidates!(head_block!()),
+            HEADS_BY_KEY,
             claim_locked!(head_block!()),
         ),
-        OnDead::Skip => (claim_candidates!(head_skip!()), claim_locked!(head_skip!())),
+        OnDead::Skip => (
+            claim_candidates!(head_skip!()),
+            HEADS_BY_KEY_SKIP_DEAD,
+            claim_locked!(head_skip!()),
+        ),
     };
+    let max = i64::from(req.max);
     let mut tx = pool.begin().await.map_err(db(CTX))?;
-    let seqs: Vec<i64> = sqlx::query_scalar(pick)
+    let (cut_short, mut seqs): (bool, Vec<i64>) = sqlx::query_as(pick)
         .bind(&req.topic)
-        .bind(i64::from(req.max))
+        .bind(max)
         .bind(KEY_LOCK_CLASS)
-        .fetch_all(&mut *tx)
+        .bind(window)
+        .fetch_one(&mut *tx)
         .await
         .map_err(db(CTX))?;
+    let found = i64::try_from(seqs.len()).unwrap_or(max);
+    let cut_short = cut_short && found < max;
+    if cut_short {
+        let more: Vec<i64> = sqlx::query_scalar(by_key)
+            .bind(&req.topic)
+            .bind(max - found)
+            .bind(&seqs)
+            .bind(KEY_LOCK_CLASS)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db(CTX))?;
+        seqs.extend(more);
+        let found = i64::try_from(seqs.len()).unwrap_or(max);
+        if keyless && found < max {
+            let more: Vec<i64> = sqlx::query_scalar(KEYLESS)
+                .bind(&req.topic)
+                .bind(max - found)
+                .bind(&seqs)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db(CTX))?;
+            seqs.extend(more);
+        }
+    }
     if seqs.is_empty() {
         tx.rollback().await.map_err(db(CTX))?;
-        return Ok(Vec::new());
+        return Ok((Vec::new(), cut_short));
     }
     let rows = sqlx::query(take)
         .bind(micros(req.lease))
@@ -385,7 +533,7 @@ pub(crate) async fn claim_heads(
         .await
         .map_err(db(CTX))?;
     tx.commit().await.map_err(db(CTX))?;
-    claimed_from_rows(&rows)
+    Ok((claimed_from_rows(&rows)?, cut_short))
 }
 
 /// Claimed rows (`claim_update!`'s RETURNING), oldest arrival first.
@@ -409,25 +557,55 @@ fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Claimed)>> {
         .collect()
 }
 
-macro_rules! next_due_sql {
-    ($cond:expr) => {
+const NEXT_DUE: &str = concat!(
+    "SELECT ",
+    us!("MIN(e.next_attempt_at)"),
+    " FROM mailroom.events e WHERE e.topic = $1 AND e.status = 'pending'"
+);
+
+/// Sequential topics: the earliest due time among the keys' heads
+/// ([`heads_by_key!`]) and the keyless pending events among the first `$2`
+/// pending ones, the part of the topic the next claim's walk reaches (`$2`
+/// is that walk's bound). Testing the head rule on every pending event
+/// instead cost a walk of the whole backlog, after every claim that came
+/// back short. A keyless event past the bound cannot be claimed until the
+/// walk reaches it, so it does not count here either: counting it would
+/// wake the dispatcher for a claim that cannot take it.
+macro_rules! next_due_by_key {
+    ($dead:literal) => {
         concat!(
-            "SELECT ",
-            us!("MIN(e.next_attempt_at)"),
-            " FROM mailroom.events e WHERE e.topic = $1 AND e.status = 'pending' AND ",
-            $cond
+            heads_by_key!($dead, "10000"),
+            " SELECT ",
+            us!("MIN(t.due)"),
+            " FROM (
+                 SELECT heads.next_attempt_at AS due FROM heads
+                 UNION ALL
+                 SELECT w.next_attempt_at FROM (
+                     SELECT c.key, c.next_attempt_at FROM mailroom.events c
+                     WHERE c.topic = ANY(ARRAY[$1::text]) AND c.status = 'pending'
+                     ORDER BY c.topic, c.seq LIMIT $2) w
+                 WHERE w.key IS NULL) t"
         )
     };
 }
 
-pub(crate) async fn next_due(pool: &PgPool, req: &ClaimRequest) -> Result<Option<Timestamp>> {
+/// The earliest due time of an event a claim could take; `window` is the
+/// bound of a sequential topic's next walk (unused for other topics).
+pub(crate) async fn next_due(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    window: i64,
+) -> Result<Option<Timestamp>> {
     let sql = match req.per_key {
-        None => next_due_sql!("TRUE"),
-        Some(OnDead::Block) => next_due_sql!(head_block!()),
-        Some(OnDead::Skip) => next_due_sql!(head_skip!()),
+        None => NEXT_DUE,
+        Some(OnDead::Block) => next_due_by_key!(""),
+        Some(OnDead::Skip) => next_due_by_key!("AND f.status <> 'dead'"),
     };
-    let due: Option<i64> = sqlx::query_scalar(sql)
-        .bind(&req.topic)
+    let mut query = sqlx::query_scalar(sql).bind(&req.topic);
+    if req.per_key.is_some() {
+        query = query.bind(window);
+    }
+    let due: Option<i64> = query
         .fetch_one(pool)
         .await
         .map_err(db("finding the next due event"))?;
@@ -1047,7 +1225,13 @@ mod tests {
                     .bind(100_i64)
                     .bind(from)
             };
-            let sequential = |sql| explain(sql).bind("t").bind(100_i64).bind(KEY_LOCK_CLASS);
+            let sequential = |sql| {
+                explain(sql)
+                    .bind("t")
+                    .bind(100_i64)
+                    .bind(KEY_LOCK_CLASS)
+                    .bind(SEQUENTIAL_WINDOW)
+            };
             let block = claim_candidates!(head_block!());
             let skip = claim_candidates!(head_skip!());
             let mut plans = vec![
@@ -1074,13 +1258,80 @@ mod tests {
                 ("sequential, generic plan", block),
                 ("skip, generic plan", skip),
             ] {
-                let generic = generic_plan(&mut conn, sql, "text, int8, int4", "'t', 100, 1").await;
+                let generic = generic_plan(
+                    &mut conn,
+                    sql,
+                    "text, int8, int4, int8",
+                    "'t', 100, 1, 1024",
+                )
+                .await;
                 plans.push((name, generic));
             }
             for (name, plan) in plans {
                 assert!(
                     plan.contains("using events_claim on events") && !plan.contains("Seq Scan"),
                     "{moment}, {name}: the claim does not read events_claim alone:\n{plan}"
+                );
+            }
+        }
+    }
+
+    /// Past the walk's bound, sequential claims and their next due time
+    /// visit keys and heads through `events_open_keys` (a handful of probes
+    /// per key), never by scanning the table or walking the pending events:
+    /// in custom and generic plans, with statistics taken while every row
+    /// was pending, at the start of a 10-key backlog and after most of it.
+    #[tokio::test]
+    async fn heads_by_key_probe_the_open_keys_index() {
+        let mut conn = backlog(10).await;
+        sqlx::query("ANALYZE mailroom.events")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let by_key = [
+            ("heads by key", HEADS_BY_KEY),
+            ("heads by key, on_dead = skip", HEADS_BY_KEY_SKIP_DEAD),
+        ];
+        let next_due = [
+            ("next due", next_due_by_key!("")),
+            (
+                "next due, on_dead = skip",
+                next_due_by_key!("AND f.status <> 'dead'"),
+            ),
+        ];
+        for moment in ["all pending", "most finished"] {
+            if moment == "most finished" {
+                sqlx::query(
+                    "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
+                     WHERE seq <= 19000",
+                )
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            }
+            let mut plans = Vec::new();
+            for (name, sql) in by_key {
+                let custom = explain(sql)
+                    .bind("t")
+                    .bind(100_i64)
+                    .bind(vec![1_i64])
+                    .bind(KEY_LOCK_CLASS);
+                plans.push((name, plan(&mut conn, custom).await));
+                let args = "'t', 100, '{1}', 1";
+                let types = "text, int8, int8[], int4";
+                plans.push((name, generic_plan(&mut conn, sql, types, args).await));
+            }
+            for (name, sql) in next_due {
+                let custom = explain(sql).bind("t").bind(SEQUENTIAL_WINDOW);
+                plans.push((name, plan(&mut conn, custom).await));
+                let generic = generic_plan(&mut conn, sql, "text, int8", "'t', 1024").await;
+                plans.push((name, generic));
+            }
+            for (name, plan) in plans {
+                let probes = plan.matches("using events_open_keys on events").count();
+                assert!(
+                    probes >= 3 && !plan.contains("Seq Scan"),
+                    "{moment}, {name}: keys and heads are not probed in events_open_keys:\n{plan}"
                 );
             }
         }

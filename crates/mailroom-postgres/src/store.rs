@@ -1,18 +1,20 @@
 //! [`PostgresStore`]: the [`Store`] trait over one PostgreSQL database.
 
 use crate::completer::Completer;
-use crate::floor::Floors;
+use crate::floor::{Floors, RESCAN};
 use crate::options::PostgresOptions;
 use crate::sql::{self, db};
 use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-    ListFilter, NewEvent, Page, PurgeReport, Result, Retention, Store, TopicStats, TopicStream,
+    ListFilter, NewEvent, OnDead, Page, PurgeReport, Result, Retention, Store, TopicStats,
+    TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -39,6 +41,12 @@ struct Inner {
     listener: Option<JoinHandle<()>>,
     /// Where claims of independent events start (`floor.rs`).
     floors: Floors,
+    /// Sequential topics whose last claim's walk its bound cut short, with
+    /// when a claim last looked for keyless events past the bound: their
+    /// next claim walks [`sql::SPARSE_WINDOW`] pending events, not
+    /// [`sql::SEQUENTIAL_WINDOW`], before looking up heads key by key, and
+    /// keyless events once [`RESCAN`] has passed.
+    sparse: Mutex<HashMap<String, Instant>>,
 }
 
 impl Drop for Inner {
@@ -88,6 +96,7 @@ impl PostgresStore {
                 notify,
                 listener,
                 floors: Floors::default(),
+                sparse: Mutex::default(),
             }),
         })
     }
@@ -115,6 +124,51 @@ impl PostgresStore {
 
     fn pool_ref(&self) -> &PgPool {
         &self.inner.pool
+    }
+
+    /// A claim of a sequential topic's heads, its walk bounded by what the
+    /// topic's last claim found (see `sparse`).
+    async fn claim_heads(
+        &self,
+        req: &ClaimRequest,
+        on_dead: OnDead,
+    ) -> Result<Vec<(i64, Claimed)>> {
+        let sparse = || {
+            self.inner
+                .sparse
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        };
+        let started = Instant::now();
+        let last_keyless = sparse().get(&req.topic).copied();
+        let window = self.walk_window(&req.topic);
+        let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
+        let pool = self.pool_ref();
+        let (claimed, cut_short) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
+        if cut_short {
+            let at = match last_keyless {
+                Some(at) if !keyless => at,
+                _ => started,
+            };
+            sparse().insert(req.topic.clone(), at);
+        } else {
+            sparse().remove(&req.topic);
+        }
+        Ok(claimed)
+    }
+
+    /// How far the next sequential claim of `topic` walks (see `sparse`).
+    fn walk_window(&self, topic: &str) -> i64 {
+        let sparse = self
+            .inner
+            .sparse
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if sparse.contains_key(topic) {
+            sql::SPARSE_WINDOW
+        } else {
+            sql::SEQUENTIAL_WINDOW
+        }
     }
 
     /// A claim of independent events, from the topic's floor when it has
@@ -169,7 +223,7 @@ impl Store for PostgresStore {
             return Ok(Vec::new());
         }
         let claimed = match req.per_key {
-            Some(on_dead) => sql::claim_heads(self.pool_ref(), req, on_dead).await?,
+            Some(on_dead) => self.claim_heads(req, on_dead).await?,
             None => self.claim_independent(req).await?,
         };
         Ok(claimed.into_iter().map(|(_, c)| c).collect())
@@ -196,7 +250,7 @@ impl Store for PostgresStore {
     }
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {
-        sql::next_due(self.pool_ref(), req).await
+        sql::next_due(self.pool_ref(), req, self.walk_window(&req.topic)).await
     }
 
     async fn get(&self, id: EventId) -> Result<Option<Event>> {

@@ -594,3 +594,108 @@ async fn events_behind_the_claim_floor_are_still_claimed() {
         vec![again.event.id]
     );
 }
+
+/// A sequential topic with one deep key: its claim walks a bounded number
+/// of pending events (1,024), then finds the other keys' heads one key at a
+/// time, and keyless events. Heads past the bound are claimed, the head
+/// rule still holds there (a dead head blocks its key unless `on_dead =
+/// skip`, a head not yet due waits), and the next due time is that of a
+/// head past the bound, not of an event waiting behind its key's head.
+#[tokio::test]
+async fn sequential_claims_reach_heads_past_a_deep_key() {
+    let (url, store) = fresh(true).await;
+    let deep = 1100;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..deep {
+        let s = store.clone();
+        tasks.spawn(async move { s.insert(event("t", &format!("a{i}"), Some("a"))).await });
+    }
+    for answer in tasks.join_all().await {
+        answer.unwrap();
+    }
+    for (dedup, key) in [
+        ("d1", Some("d")),
+        ("d2", Some("d")),
+        ("b1", Some("b")),
+        ("c1", Some("c")),
+        ("n1", None),
+    ] {
+        store.insert(event("t", dedup, key)).await.unwrap();
+    }
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "UPDATE mailroom.events SET status = 'dead', next_attempt_at = NULL WHERE dedup_key = 'd1';
+         UPDATE mailroom.events SET next_attempt_at = now() + interval '1 hour'
+         WHERE dedup_key = 'c1';
+         UPDATE mailroom.events SET next_attempt_at = now() - interval '1 hour'
+         WHERE key = 'a' AND seq > (SELECT min(seq) FROM mailroom.events WHERE key = 'a');",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let dedup_of = |claimed: &[mailroom_core::Claimed]| {
+        let mut keys: Vec<String> = claimed.iter().map(|c| c.event.dedup_key.clone()).collect();
+        keys.sort();
+        keys
+    };
+    let first_of_a: String = sqlx::query_scalar(
+        "SELECT dedup_key FROM mailroom.events WHERE key = 'a' ORDER BY seq LIMIT 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+
+    let block = store
+        .claim(&claim_req("t", 50, Some(OnDead::Block)))
+        .await
+        .unwrap();
+    assert_eq!(
+        dedup_of(&block),
+        vec![first_of_a, "b1".to_string(), "n1".to_string()]
+    );
+
+    // Every head now runs, is blocked or is not due: the next due time is
+    // c1's, in an hour; the deep key's waiting events (due an hour ago)
+    // do not count.
+    let due = store
+        .next_due(&claim_req("t", 50, Some(OnDead::Block)))
+        .await
+        .unwrap()
+        .expect("c1 is due in an hour");
+    let now = store.now().await.unwrap();
+    let ahead = due.duration_since(now).as_secs_f64();
+    assert!((3500.0..3700.0).contains(&ahead), "next due in {ahead} s");
+
+    // With on_dead = skip, the dead d1 no longer holds d2 back.
+    let skip = store
+        .claim(&claim_req("t", 50, Some(OnDead::Skip)))
+        .await
+        .unwrap();
+    assert_eq!(dedup_of(&skip), vec!["d2".to_string()]);
+    let nothing = store
+        .claim(&claim_req("t", 50, Some(OnDead::Block)))
+        .await
+        .unwrap();
+    assert!(nothing.is_empty(), "claimed {:?}", dedup_of(&nothing));
+
+    // A keyless event (the outbox can store one in any topic) behind the
+    // blocked deep key is still reached: claims look past the bound for
+    // keyless events at least once a second.
+    store.insert(event("t", "n2", None)).await.unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let got = store
+            .claim(&claim_req("t", 50, Some(OnDead::Block)))
+            .await
+            .unwrap();
+        if !got.is_empty() {
+            assert_eq!(dedup_of(&got), vec!["n2".to_string()]);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the keyless event was never claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
