@@ -1172,6 +1172,18 @@ mod tests {
         conn
     }
 
+    /// Marks the first 19,000 events of a [`backlog`] done, as a drain
+    /// would have, without new statistics.
+    async fn finish_most(conn: &mut PgConnection) {
+        sqlx::query(
+            "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
+             WHERE seq <= 19000",
+        )
+        .execute(conn)
+        .await
+        .unwrap();
+    }
+
     /// The generic plan of `sql` (the one a prepared statement switches to
     /// after five runs), its parameters declared as `types` and given as
     /// the SQL literals `args`.
@@ -1209,13 +1221,7 @@ mod tests {
             .unwrap();
         for moment in ["all pending", "most finished"] {
             if moment == "most finished" {
-                sqlx::query(
-                    "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
-                     WHERE seq <= 19000",
-                )
-                .execute(&mut conn)
-                .await
-                .unwrap();
+                finish_most(&mut conn).await;
             }
             let single = |from: i64| {
                 explain(CLAIM_ANY)
@@ -1301,13 +1307,7 @@ mod tests {
         ];
         for moment in ["all pending", "most finished"] {
             if moment == "most finished" {
-                sqlx::query(
-                    "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
-                     WHERE seq <= 19000",
-                )
-                .execute(&mut conn)
-                .await
-                .unwrap();
+                finish_most(&mut conn).await;
             }
             let mut plans = Vec::new();
             for (name, sql) in by_key {
