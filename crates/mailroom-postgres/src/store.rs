@@ -141,7 +141,7 @@ impl PostgresStore {
         };
         let started = Instant::now();
         let last_keyless = sparse().get(&req.topic).copied();
-        let window = self.walk_window(&req.topic);
+        let window = window_for(last_keyless.is_some());
         let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
         let pool = self.pool_ref();
         let (claimed, cut_short) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
@@ -164,11 +164,7 @@ impl PostgresStore {
             .sparse
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if sparse.contains_key(topic) {
-            sql::SPARSE_WINDOW
-        } else {
-            sql::SEQUENTIAL_WINDOW
-        }
+        window_for(sparse.contains_key(topic))
     }
 
     /// A claim of independent events, from the topic's floor when it has
@@ -205,6 +201,15 @@ impl PostgresStore {
             Instant::now(),
         );
         Ok(claimed)
+    }
+}
+
+/// The bound of a sequential claim's walk, shorter once heads are sparse.
+fn window_for(sparse: bool) -> i64 {
+    if sparse {
+        sql::SPARSE_WINDOW
+    } else {
+        sql::SEQUENTIAL_WINDOW
     }
 }
 
