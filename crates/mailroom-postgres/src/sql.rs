@@ -1172,6 +1172,17 @@ mod tests {
         conn
     }
 
+    /// A [`backlog`] with statistics taken while every row is pending (an
+    /// ANALYZE during a backlog), the ones that misled the planner before.
+    async fn analysed_backlog(keys: u32) -> PgConnection {
+        let mut conn = backlog(keys).await;
+        sqlx::query("ANALYZE mailroom.events")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn
+    }
+
     /// Marks the first 19,000 events of a [`backlog`] done, as a drain
     /// would have, without new statistics.
     async fn finish_most(conn: &mut PgConnection) {
@@ -1214,11 +1225,7 @@ mod tests {
     /// finished ones nor scanning the table, in custom and generic plans.
     #[tokio::test]
     async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
-        let mut conn = backlog(50).await;
-        sqlx::query("ANALYZE mailroom.events")
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        let mut conn = analysed_backlog(50).await;
         for moment in ["all pending", "most finished"] {
             if moment == "most finished" {
                 finish_most(&mut conn).await;
@@ -1289,11 +1296,7 @@ mod tests {
     /// was pending, at the start of a 10-key backlog and after most of it.
     #[tokio::test]
     async fn heads_by_key_probe_the_open_keys_index() {
-        let mut conn = backlog(10).await;
-        sqlx::query("ANALYZE mailroom.events")
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        let mut conn = analysed_backlog(10).await;
         let by_key = [
             ("heads by key", HEADS_BY_KEY),
             ("heads by key, on_dead = skip", HEADS_BY_KEY_SKIP_DEAD),
@@ -1345,11 +1348,7 @@ mod tests {
     /// rows too (migration 5), both plans walked it.
     #[tokio::test]
     async fn completions_find_their_rows_without_walking_finished_ones() {
-        let mut conn = backlog(50).await;
-        sqlx::query("ANALYZE mailroom.events")
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        let mut conn = analysed_backlog(50).await;
         for moment in ["start", "most finished"] {
             let (first, last) = match moment {
                 "start" => (1, 64),
