@@ -1,0 +1,11 @@
+//! # mailroom-amqp
+//!
+//! mailroom's RabbitMQ side (AMQP 0-9-1, on `lapin`), SPEC §5, §6, §9:
+//!
+//! * **topology**: exchanges, queues (TTL, max length, dead-letter
+//!   exchange and queue) and bindings declared from configuration, at start
+//!   and after every reconnect;
+//! * **source**: a consumer that stores each delivery through the engine and
+//!   acknowledges it only after its event has committed;
+//! * **handler**: a publisher with publisher confirms and `mandatory`, so a
+//!   topic whose handler publishes is the outbox relay.
