@@ -9,3 +9,12 @@
 //!   acknowledges it only after its event has committed;
 //! * **handler**: a publisher with publisher confirms and `mandatory`, so a
 //!   topic whose handler publishes is the outbox relay.
+//!
+//! Every operation's failure is an [`AmqpError`]; a broker's refusal of a
+//! declare (`PRECONDITION_FAILED`) names the queue and the argument.
+
+mod error;
+pub mod topology;
+
+pub use error::{AmqpError, Result};
+pub use topology::{Binding, Declared, ExchangeSpec, ExchangeType, QueueSpec, Topology, declare};
