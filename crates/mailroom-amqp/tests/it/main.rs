@@ -1,10 +1,12 @@
 //! Integration tests against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL`.
 //! Every test declares uniquely named exchanges and queues and deletes them.
 
+mod source;
 mod topology;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Channel, Connection, ConnectionProperties};
+use std::sync::Arc;
 
 /// A fresh connection to the test broker.
 pub async fn connect() -> Connection {
@@ -35,4 +37,43 @@ pub async fn delete(conn: &Connection, queues: &[String], exchanges: &[String]) 
             .await
             .expect("delete exchange");
     }
+}
+
+/// A migrated SQLite store in `dir` with group commit, as `serve` opens it.
+pub async fn sqlite_store(dir: &tempfile::TempDir) -> Arc<dyn mailroom::Store> {
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let store = mailroom::open_store(&url, true).await.expect("open");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// Ready messages in `queue`, seen by a passive declare.
+pub async fn ready(conn: &Connection, queue: &str) -> u32 {
+    let ch = conn.create_channel().await.expect("channel");
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+        .await
+        .expect("queue exists");
+    let _ = ch.close(200, "OK".into()).await;
+    q.message_count()
+}
+
+/// Polls `check` every 20 ms for up to `secs` seconds.
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
 }

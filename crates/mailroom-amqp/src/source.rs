@@ -1,0 +1,397 @@
+//! The AMQP source (SPEC §6): consumes a queue with `basic.qos(prefetch)`
+//! and manual acknowledgements, stores each delivery through the engine,
+//! and acknowledges it **only after its event has committed**.
+//!
+//! Deliveries are stored concurrently (up to `prefetch` in flight), so they
+//! share the store's group commit: a prefetch of 100 is not 100 fsyncs.
+//! A delivery that can never be stored (no dedup key, unusable body) is
+//! rejected without requeue, so the broker dead-letters it. When the store
+//! cannot commit, the delivery is nacked with requeue and consuming pauses
+//! with a capped, growing delay.
+
+use crate::error::{AmqpError, Result, short};
+use bytes::Bytes;
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+use mailroom::intake::MAX_FIELD_LEN;
+use mailroom::{Draft, Engine, Field, Mode, StoreError};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Header carrying the causation id (SPEC §13), read and written by mailroom.
+pub const CAUSATION_HEADER: &str = "mailroom-causation-id";
+
+/// First and longest pause after a failed commit.
+const PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
+
+/// An AMQP source's settings (`[[source]] amqp = { url, queue, prefetch }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpSourceSpec {
+    /// The source's name, recorded on its events and in metrics.
+    pub name: String,
+    /// The topic its events go to.
+    pub topic: String,
+    /// The queue consumed.
+    pub queue: String,
+    /// Unacknowledged deliveries the broker may send ahead (`basic.qos`),
+    /// which is also how many are being stored at once. Default 10.
+    pub prefetch: u16,
+    /// Where the ordering key lives: an AMQP header, or a JSON pointer into
+    /// the body as for webhooks. `None`: the topic's.
+    pub key: Option<Field>,
+}
+
+impl AmqpSourceSpec {
+    /// A source named `name` storing the messages of `queue` into `topic`.
+    pub fn new(
+        name: impl Into<String>,
+        topic: impl Into<String>,
+        queue: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            topic: topic.into(),
+            queue: queue.into(),
+            prefetch: 10,
+            key: None,
+        }
+    }
+}
+
+/// A consumer storing a queue's messages through an [`Engine`].
+#[derive(Debug, Clone)]
+pub struct AmqpSource {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    spec: AmqpSourceSpec,
+    engine: Engine,
+    /// The key field: the source's, else the topic's.
+    key: Option<Field>,
+    /// The topic is sequential without a default key, so a key is required.
+    needs_key: bool,
+}
+
+/// What became of one delivery.
+enum Verdict {
+    Stored,
+    Rejected,
+    /// Nacked with requeue: the store could not commit.
+    StoreFailed,
+    /// The ack, nack or reject could not be sent.
+    ChannelLost(AmqpError),
+}
+
+impl AmqpSource {
+    /// A source storing into `engine`, which must have the spec's topic.
+    pub fn new(engine: Engine, spec: AmqpSourceSpec) -> Result<Self> {
+        let topic = engine.topic(&spec.topic).ok_or_else(|| {
+            AmqpError::Invalid(format!(
+                "AMQP source {:?}: the engine has no topic {:?}",
+                spec.name, spec.topic
+            ))
+        })?;
+        let key = spec.key.clone().or_else(|| topic.key.clone());
+        let needs_key =
+            matches!(topic.mode, Mode::Sequential { .. }) && topic.default_key.is_none();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                spec,
+                engine,
+                key,
+                needs_key,
+            }),
+        })
+    }
+
+    /// The source's settings.
+    pub fn spec(&self) -> &AmqpSourceSpec {
+        &self.inner.spec
+    }
+
+    /// Consumes on `channel` until `shutdown` (then `Ok`, after the
+    /// deliveries in flight are stored and acknowledged) or until the
+    /// channel or connection is lost (then `Err`; unacknowledged deliveries
+    /// return to the queue and are deduplicated when redelivered).
+    pub async fn consume(&self, channel: &Channel, shutdown: &CancellationToken) -> Result<()> {
+        let spec = &self.inner.spec;
+        let queue = short("queue", &spec.queue)?;
+        channel
+            .basic_qos(spec.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::broker("setting the prefetch", e))?;
+        let mut consumer = channel
+            .basic_consume(
+                queue,
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::broker(format!("consuming queue {:?}", spec.queue), e))?;
+        tracing::info!(source = %spec.name, queue = %spec.queue, prefetch = spec.prefetch, "consuming");
+        let mut in_flight = JoinSet::new();
+        let mut pause = Pause::default();
+        let ended = loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break Ok(()),
+                () = pause.wait() => pause.resume(),
+                next = consumer.next(), if !pause.active() => match next {
+                    Some(Ok(delivery)) => {
+                        in_flight.spawn(self.clone().store(delivery));
+                    }
+                    Some(Err(e)) => break Err(AmqpError::broker("receiving deliveries", e)),
+                    None => break Err(AmqpError::Invalid(format!(
+                        "the broker cancelled the consumer of queue {:?}", spec.queue
+                    ))),
+                },
+                Some(done) = in_flight.join_next() => match done {
+                    Ok(Verdict::StoreFailed) => pause.after_failure(),
+                    Ok(Verdict::Stored) => pause.after_success(),
+                    Ok(Verdict::Rejected) => {}
+                    Ok(Verdict::ChannelLost(e)) => break Err(e),
+                    Err(e) => tracing::error!(source = %spec.name, error = %e, "a delivery's task failed"),
+                },
+            }
+        };
+        if ended.is_ok() {
+            // Stop deliveries; those already buffered go back to the queue
+            // when the channel closes.
+            let _ = channel
+                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                .await;
+        }
+        while in_flight.join_next().await.is_some() {}
+        ended
+    }
+
+    /// Stores one delivery, then acks, rejects or nacks it.
+    async fn store(self, delivery: Delivery) -> Verdict {
+        let spec = &self.inner.spec;
+        let draft = match self.draft(&delivery.properties, &delivery.data) {
+            Ok(draft) => draft,
+            Err(why) => {
+                tracing::warn!(source = %spec.name, topic = %spec.topic, reason = %why, "rejected an unusable AMQP message; the broker dead-letters it");
+                metrics::counter!("mailroom_events_received_total", "source" => spec.name.clone(), "topic" => spec.topic.clone(), "outcome" => "rejected")
+                    .increment(1);
+                return settle(&delivery, Settle::Reject, Verdict::Rejected).await;
+            }
+        };
+        match self.inner.engine.enqueue(draft).await {
+            Ok(inserted) => {
+                tracing::debug!(source = %spec.name, topic = %spec.topic, id = %inserted.id, duplicate = inserted.duplicate, "stored an AMQP delivery");
+                settle(&delivery, Settle::Ack, Verdict::Stored).await
+            }
+            Err(StoreError::Invalid(why)) => {
+                tracing::warn!(source = %spec.name, topic = %spec.topic, reason = %why, "the store refused an AMQP message; rejected");
+                settle(&delivery, Settle::Reject, Verdict::Rejected).await
+            }
+            Err(e) => {
+                tracing::warn!(source = %spec.name, topic = %spec.topic, error = %e, "could not store an AMQP delivery; requeued");
+                settle(&delivery, Settle::Requeue, Verdict::StoreFailed).await
+            }
+        }
+    }
+
+    /// Reads a delivery into a [`Draft`], or says why it can never be stored.
+    fn draft(&self, props: &BasicProperties, body: &[u8]) -> Result<Draft, String> {
+        let inner = &self.inner;
+        let message = Message::new(props, body);
+        let dedup_key = message
+            .property(props.message_id())
+            .or_else(|| message.envelope("eventId"))
+            .ok_or_else(|| match &message.json {
+                Some(Err(e)) => format!("no message_id, and the body is not JSON ({e})"),
+                _ => "no message_id property and no eventId in the body".to_string(),
+            })?;
+        let key = match &inner.key {
+            Some(field) => message.field(field)?,
+            None => None,
+        };
+        if key.is_none() && inner.needs_key {
+            return Err(format!(
+                "sequential topic {:?} needs an ordering key",
+                inner.spec.topic
+            ));
+        }
+        let mut draft = Draft::bytes(inner.spec.topic.clone(), Bytes::copy_from_slice(body))
+            .source(inner.spec.name.clone())
+            .dedup_key(checked(dedup_key, "dedup key")?);
+        if let Some(k) = key {
+            draft = draft.key(checked(k, "key")?);
+        }
+        if let Some(t) = message
+            .property(props.kind())
+            .or_else(|| message.envelope("eventType"))
+        {
+            draft = draft.event_type(checked(t, "type")?);
+        }
+        let correlation = message.property(props.correlation_id());
+        if let Some(c) = correlation.or_else(|| message.envelope("correlationId")) {
+            draft = draft.correlation_id(checked(c, "correlation id")?);
+        }
+        let causation = message.header(CAUSATION_HEADER);
+        if let Some(c) = causation.or_else(|| message.envelope("causationId")) {
+            draft = draft.causation_id(checked(c, "causation id")?);
+        }
+        match message.property(props.content_type()) {
+            Some(ct) => draft = draft.content_type(ct),
+            None if matches!(message.json, Some(Ok(_))) => {
+                draft = draft.content_type("application/json")
+            }
+            None => {}
+        }
+        Ok(draft)
+    }
+}
+
+/// A delivery's headers and its body parsed as JSON (once).
+struct Message<'a> {
+    headers: Option<&'a FieldTable>,
+    json: Option<Result<Value, String>>,
+}
+
+impl<'a> Message<'a> {
+    fn new(props: &'a BasicProperties, body: &[u8]) -> Self {
+        // A failed parse of a non-JSON body stops at its first bytes.
+        let json =
+            (!body.is_empty()).then(|| serde_json::from_slice(body).map_err(|e| e.to_string()));
+        Self {
+            headers: props.headers().as_ref(),
+            json,
+        }
+    }
+
+    fn property(&self, p: &Option<lapin::types::ShortString>) -> Option<String> {
+        p.as_ref()
+            .map(|s| s.as_str().trim())
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        let value = self.headers?.inner().get(name)?;
+        let text = match value {
+            AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+            AMQPValue::ShortString(s) => s.as_str().to_owned(),
+            AMQPValue::LongLongInt(n) => n.to_string(),
+            AMQPValue::LongInt(n) => n.to_string(),
+            _ => return None,
+        };
+        Some(text.trim().to_owned()).filter(|s| !s.is_empty())
+    }
+
+    /// A top-level string (or number) field of a JSON envelope body.
+    fn envelope(&self, name: &str) -> Option<String> {
+        match self.json.as_ref()?.as_ref().ok()?.get(name)? {
+            Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+
+    /// The ordering key: a header, or a JSON pointer into the body.
+    fn field(&self, field: &Field) -> Result<Option<String>, String> {
+        match field {
+            Field::Header(name) => Ok(self.header(name)),
+            Field::Json(pointer) => match &self.json {
+                Some(Ok(doc)) => Ok(match doc.pointer(pointer) {
+                    Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+                    Some(Value::Number(n)) => Some(n.to_string()),
+                    _ => None,
+                }),
+                Some(Err(e)) => Err(format!(
+                    "the key is read from {pointer}, but the body is not JSON ({e})"
+                )),
+                None => Err(format!(
+                    "the key is read from {pointer}, but the body is not JSON"
+                )),
+            },
+            Field::BodySha256 => Ok(None),
+        }
+    }
+}
+
+fn checked(value: String, what: &str) -> Result<String, String> {
+    if value.len() > MAX_FIELD_LEN {
+        Err(format!("{what} is longer than {MAX_FIELD_LEN} bytes"))
+    } else {
+        Ok(value)
+    }
+}
+
+enum Settle {
+    Ack,
+    /// Reject without requeue: the broker dead-letters it.
+    Reject,
+    /// Nack with requeue: redelivered later.
+    Requeue,
+}
+
+async fn settle(delivery: &Delivery, how: Settle, verdict: Verdict) -> Verdict {
+    let sent = match how {
+        Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
+        Settle::Reject => delivery.reject(BasicRejectOptions { requeue: false }).await,
+        Settle::Requeue => {
+            let options = BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            };
+            delivery.nack(options).await
+        }
+    };
+    match sent {
+        Ok(_) => verdict,
+        Err(e) => Verdict::ChannelLost(AmqpError::broker("settling a delivery", e)),
+    }
+}
+
+/// Consuming paused after failed commits: 100 ms, doubling up to 30 s, back
+/// to nothing after a commit succeeds.
+#[derive(Debug, Default)]
+struct Pause {
+    until: Option<Instant>,
+    next: Option<Duration>,
+}
+
+impl Pause {
+    fn active(&self) -> bool {
+        self.until.is_some()
+    }
+
+    async fn wait(&self) {
+        match self.until {
+            Some(t) => tokio::time::sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn resume(&mut self) {
+        self.until = None;
+    }
+
+    fn after_failure(&mut self) {
+        let delay = self.next.unwrap_or(PAUSE.0);
+        self.next = Some((delay * 2).min(PAUSE.1));
+        if self.until.is_none() {
+            self.until = Some(Instant::now() + delay);
+            tracing::warn!(pause = ?delay, "the store cannot commit; consuming paused");
+        }
+    }
+
+    fn after_success(&mut self) {
+        self.next = None;
+    }
+}

@@ -1,0 +1,291 @@
+use crate::{connect, delete, eventually, ready, sqlite_store, unique};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection};
+use mailroom::{Engine, ListFilter, Status, TopicSpec};
+use mailroom_amqp::{AmqpSource, AmqpSourceSpec, QueueSpec, Topology, declare};
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Declares a durable queue with a dead-letter queue; returns its name.
+async fn dead_lettered_queue(conn: &Connection, base: &str) -> String {
+    let mut queue = QueueSpec::new(format!("{base}.in"));
+    queue.dead_letter = true;
+    let topology = Topology {
+        exchanges: vec![],
+        queues: vec![queue],
+    };
+    declare(&conn.create_channel().await.expect("channel"), &topology)
+        .await
+        .expect("declare");
+    format!("{base}.in")
+}
+
+/// A SQLite engine with topic `inbound`, a connection, and a fresh
+/// dead-lettered queue named after `prefix`.
+async fn setup(prefix: &str) -> (tempfile::TempDir, Engine, Connection, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = Engine::builder(sqlite_store(&dir).await)
+        .topic(TopicSpec::new("inbound"))
+        .build()
+        .expect("engine");
+    let conn = connect().await;
+    let queue = dead_lettered_queue(&conn, &unique(prefix)).await;
+    (dir, engine, conn, queue)
+}
+
+async fn cleanup(conn: &Connection, queue: &str) {
+    delete(
+        conn,
+        &[queue.to_string(), format!("{queue}.dlq")],
+        &[format!("{queue}.dlx")],
+    )
+    .await;
+}
+
+/// Publishes through the default exchange straight into `queue`, with confirms.
+async fn publish(
+    ch: &Channel,
+    queue: &str,
+    messages: impl IntoIterator<Item = (BasicProperties, Vec<u8>)>,
+) {
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    for (props, body) in messages {
+        ch.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            &body,
+            props,
+        )
+        .await
+        .expect("publish");
+    }
+    ch.wait_for_confirms().await.expect("confirmed");
+}
+
+/// Runs `source` on a channel of its own until the returned token is cancelled.
+async fn start(
+    conn: &Connection,
+    source: AmqpSource,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let ch = conn.create_channel().await.expect("channel");
+    let task = tokio::spawn(async move {
+        source
+            .consume(&ch, &token)
+            .await
+            .expect("consumed until shutdown");
+        ch.close(200, "OK".into()).await.expect("close");
+    });
+    (stop, task)
+}
+
+async fn stored(engine: &Engine) -> u64 {
+    engine
+        .stats()
+        .await
+        .expect("stats")
+        .iter()
+        .map(|s| s.count(Status::Pending))
+        .sum()
+}
+
+/// 10,000 messages of which 10 % repeat an earlier `message_id` (prefetch
+/// 100): exactly the 9,000 distinct ones are stored, and after the consumer
+/// closes its channel the queue is empty, so every delivery was acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_message_ids_are_stored_once_and_every_delivery_is_acked() {
+    let (_dir, engine, conn, queue) = setup("inbound").await;
+    let messages = (0..10_000u32).map(|i| {
+        let id = if i % 10 == 9 { i / 2 } else { i - i / 10 };
+        let props = BasicProperties::default().with_message_id(format!("m-{id}").into());
+        (props, format!("{{\"n\":{i}}}").into_bytes())
+    });
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        messages,
+    )
+    .await;
+
+    let mut spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
+    spec.prefetch = 100;
+    let started = Instant::now();
+    let (stop, task) = start(
+        &conn,
+        AmqpSource::new(engine.clone(), spec).expect("source"),
+    )
+    .await;
+    eventually(120, "9,000 events are stored", || async {
+        stored(&engine).await == 9_000
+    })
+    .await;
+    eventually(10, "the queue is drained", || async {
+        ready(&conn, &queue).await == 0
+    })
+    .await;
+    let took = started.elapsed();
+    stop.cancel();
+    task.await.expect("consumer task");
+    println!("10,000 deliveries stored and acked in {took:?}");
+    assert_eq!(
+        ready(&conn, &queue).await,
+        0,
+        "nothing unacked went back to the queue"
+    );
+    assert_eq!(stored(&engine).await, 9_000);
+    assert_eq!(
+        ready(&conn, &format!("{queue}.dlq")).await,
+        0,
+        "nothing dead-lettered"
+    );
+    cleanup(&conn, &queue).await;
+}
+
+/// A JSON message without `message_id` nor `eventId`, and a non-JSON message
+/// without `message_id`, are rejected into the dead-letter queue; the good
+/// message beside them is stored.
+#[tokio::test]
+async fn unidentifiable_messages_end_in_the_dead_letter_queue() {
+    let (_dir, engine, conn, queue) = setup("reject").await;
+    let good = BasicProperties::default().with_message_id("ok-1".into());
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        [
+            (BasicProperties::default(), br#"{"hello":"no id"}"#.to_vec()),
+            (BasicProperties::default(), b"not json at all".to_vec()),
+            (good, br#"{"fine":true}"#.to_vec()),
+        ],
+    )
+    .await;
+
+    let (stop, task) = start(
+        &conn,
+        AmqpSource::new(
+            engine.clone(),
+            AmqpSourceSpec::new("rabbit", "inbound", &queue),
+        )
+        .expect("source"),
+    )
+    .await;
+    eventually(10, "the good message is stored", || async {
+        stored(&engine).await == 1
+    })
+    .await;
+    let dlq = format!("{queue}.dlq");
+    eventually(10, "two messages are dead-lettered", || async {
+        ready(&conn, &dlq).await == 2
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("consumer task");
+
+    let ch = conn.create_channel().await.expect("channel");
+    let mut dead = vec![];
+    while let Some(m) = ch
+        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+    {
+        dead.push(String::from_utf8(m.delivery.data.clone()).expect("utf-8"));
+    }
+    dead.sort();
+    assert_eq!(dead, ["not json at all", r#"{"hello":"no id"}"#]);
+    cleanup(&conn, &queue).await;
+}
+
+/// Without properties, a JSON envelope supplies the dedup key, type,
+/// correlation and causation ids; properties win over the envelope when
+/// present; the body is stored as received; the key is read by pointer.
+#[tokio::test]
+async fn ids_come_from_properties_else_from_the_envelope() {
+    let (_dir, engine, conn, queue) = setup("envelope").await;
+    let envelope = br#"{"eventId":"ev-1","eventType":"order.created","correlationId":"corr-1","causationId":"cause-1","data":{"order":{"customer":"c-9"}}}"#;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "mailroom-causation-id".into(),
+        AMQPValue::LongString("cause-p".into()),
+    );
+    let props = BasicProperties::default()
+        .with_message_id("msg-2".into())
+        .with_type("order.paid".into())
+        .with_correlation_id("corr-p".into())
+        .with_headers(headers);
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        [
+            (BasicProperties::default(), envelope.to_vec()),
+            (props, envelope.to_vec()),
+        ],
+    )
+    .await;
+
+    let mut spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
+    spec.key = Some(mailroom::Field::Json("/data/order/customer".into()));
+    let (stop, task) = start(
+        &conn,
+        AmqpSource::new(engine.clone(), spec).expect("source"),
+    )
+    .await;
+    eventually(10, "both are stored", || async {
+        stored(&engine).await == 2
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("consumer task");
+
+    let filter = ListFilter {
+        topic: Some("inbound".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    let mut events = engine.store().list(&filter).await.expect("list").events;
+    events.sort_by(|a, b| a.dedup_key.cmp(&b.dedup_key));
+    let seen: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                e.dedup_key.as_str(),
+                e.event_type.as_deref(),
+                e.correlation_id.as_deref(),
+                e.causation_id.as_deref(),
+                e.key.as_deref(),
+                e.source.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "ev-1",
+                Some("order.created"),
+                Some("corr-1"),
+                Some("cause-1"),
+                Some("c-9"),
+                "rabbit"
+            ),
+            (
+                "msg-2",
+                Some("order.paid"),
+                Some("corr-p"),
+                Some("cause-p"),
+                Some("c-9"),
+                "rabbit"
+            ),
+        ]
+    );
+    assert_eq!(
+        events[0].payload.as_deref(),
+        Some(&envelope[..]),
+        "the body as received"
+    );
+    assert_eq!(events[0].content_type.as_deref(), Some("application/json"));
+    cleanup(&conn, &queue).await;
+}
