@@ -14,9 +14,11 @@
 //! declare (`PRECONDITION_FAILED`) names the queue and the argument.
 
 mod error;
+pub mod publish;
 pub mod source;
 pub mod topology;
 
 pub use error::{AmqpError, Result};
+pub use publish::{AmqpHandler, AmqpHandlerSpec};
 pub use source::{AmqpSource, AmqpSourceSpec};
 pub use topology::{Binding, Declared, ExchangeSpec, ExchangeType, QueueSpec, Topology, declare};

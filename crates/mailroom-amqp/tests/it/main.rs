@@ -1,6 +1,7 @@
 //! Integration tests against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL`.
 //! Every test declares uniquely named exchanges and queues and deletes them.
 
+mod publish;
 mod source;
 mod topology;
 
@@ -76,4 +77,19 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     panic!("timed out waiting until {what}");
+}
+
+/// Takes every message waiting in `queue` (auto-ack).
+pub async fn drain(conn: &Connection, queue: &str) -> Vec<lapin::message::Delivery> {
+    let ch = conn.create_channel().await.expect("channel");
+    let mut all = vec![];
+    let options = lapin::options::BasicGetOptions { no_ack: true };
+    while let Some(m) = ch
+        .basic_get(queue.into(), options)
+        .await
+        .expect("basic.get")
+    {
+        all.push(m.delivery);
+    }
+    all
 }

@@ -1,5 +1,5 @@
-use crate::{connect, delete, eventually, ready, sqlite_store, unique};
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use crate::{connect, delete, drain, eventually, ready, sqlite_store, unique};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 use mailroom::{Engine, ListFilter, Status, TopicSpec};
@@ -185,15 +185,11 @@ async fn unidentifiable_messages_end_in_the_dead_letter_queue() {
     stop.cancel();
     task.await.expect("consumer task");
 
-    let ch = conn.create_channel().await.expect("channel");
-    let mut dead = vec![];
-    while let Some(m) = ch
-        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
+    let mut dead: Vec<String> = drain(&conn, &dlq)
         .await
-        .expect("get")
-    {
-        dead.push(String::from_utf8(m.delivery.data.clone()).expect("utf-8"));
-    }
+        .into_iter()
+        .map(|m| String::from_utf8(m.data).expect("utf-8"))
+        .collect();
     dead.sort();
     assert_eq!(dead, ["not json at all", r#"{"hello":"no id"}"#]);
     cleanup(&conn, &queue).await;

@@ -1,0 +1,306 @@
+//! The AMQP handler (SPEC §5, §13): publishes a topic's events to an
+//! exchange, which makes a topic the outbox relay.
+//!
+//! Every publish is persistent and `mandatory` on a channel in publisher
+//! confirm mode; an attempt succeeds only when the broker acks it. A
+//! returned (unroutable) message, a nack or a lost channel is a failed
+//! attempt for the topic's retry policy; a confirm that never comes is cut
+//! off by the topic's timeout. Publishes are pipelined: concurrent attempts
+//! share the channel and lapin matches each confirm to its publish by
+//! delivery tag, and a batch publishes all its events before awaiting any
+//! confirm.
+
+use crate::error::{AmqpError, Result, short};
+use crate::source::CAUSATION_HEADER;
+use futures::future::join_all;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use mailroom::handler::{BatchOutcome, Handler};
+use mailroom::{Event, Outcome};
+use serde_json::{Value, json};
+use std::sync::{Arc, RwLock};
+
+/// The version written in `mailroom-version` and the envelope's `version`
+/// (events carry no version of their own yet).
+const VERSION: i64 = 1;
+
+/// An AMQP handler's settings (`handler = { amqp = { url, exchange, routing_key, envelope } }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpHandlerSpec {
+    /// The exchange published to (`""`: the default exchange).
+    pub exchange: String,
+    /// The routing key; `{type}`, `{topic}` and `{key}` are replaced by the
+    /// event's.
+    pub routing_key: String,
+    /// Publish the JSON envelope `{eventId, eventType, version, occurredAt,
+    /// correlationId, causationId, data}` instead of the raw payload.
+    pub envelope: bool,
+}
+
+impl AmqpHandlerSpec {
+    /// Raw payloads to `exchange` under `routing_key`.
+    pub fn new(exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
+        Self {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            envelope: false,
+        }
+    }
+}
+
+/// Publishes events with confirms. Cheap to clone; register it for a topic
+/// with [`mailroom::EngineBuilder::handler`] (as `Arc::new(handler)`).
+///
+/// It publishes on the channel last given to [`attach`](Self::attach);
+/// until then, and after [`detach`](Self::detach), attempts fail with
+/// "AMQP connection down" and are retried later.
+#[derive(Debug, Clone)]
+pub struct AmqpHandler {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    spec: AmqpHandlerSpec,
+    channel: RwLock<Option<Channel>>,
+}
+
+impl AmqpHandler {
+    /// A handler with no channel yet.
+    pub fn new(spec: AmqpHandlerSpec) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                spec,
+                channel: RwLock::new(None),
+            }),
+        }
+    }
+
+    /// The handler's settings.
+    pub fn spec(&self) -> &AmqpHandlerSpec {
+        &self.inner.spec
+    }
+
+    /// Puts `channel` in confirm mode and publishes on it from now on.
+    pub async fn attach(&self, channel: Channel) -> Result<()> {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| AmqpError::broker("enabling publisher confirms", e))?;
+        *self
+            .inner
+            .channel
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(channel);
+        Ok(())
+    }
+
+    /// Stops publishing (the connection is gone); attempts fail until the
+    /// next [`attach`](Self::attach).
+    pub fn detach(&self) {
+        *self
+            .inner
+            .channel
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn channel(&self) -> Option<Channel> {
+        self.inner
+            .channel
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sends one publish and returns the broker's future confirm (without
+    /// waiting for it), or the attempt's failure.
+    async fn send(&self, channel: &Channel, event: &Event) -> Result<Pending, Outcome> {
+        let spec = &self.inner.spec;
+        let routing_key = routing_key(&spec.routing_key, event).map_err(Outcome::permanent)?;
+        let body = match spec.envelope {
+            true => envelope(event),
+            false => event.payload.as_deref().unwrap_or_default().to_vec(),
+        };
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let exchange =
+            short("exchange", &spec.exchange).map_err(|e| Outcome::permanent(e.to_string()))?;
+        let key =
+            short("routing key", &routing_key).map_err(|e| Outcome::permanent(e.to_string()))?;
+        let confirm = channel
+            .basic_publish(exchange, key, options, &body, self.properties(event))
+            .await
+            .map_err(|e| failed(event, "error", format!("publish failed: {e}")))?;
+        Ok(Pending {
+            confirm,
+            routing_key,
+        })
+    }
+
+    fn properties(&self, event: &Event) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        headers.insert("mailroom-version".into(), AMQPValue::LongLongInt(VERSION));
+        headers.insert("mailroom-topic".into(), text(&event.topic));
+        headers.insert(
+            "mailroom-attempt".into(),
+            AMQPValue::LongLongInt(event.attempts.into()),
+        );
+        if let Some(c) = &event.causation_id {
+            headers.insert(CAUSATION_HEADER.into(), text(c));
+        }
+        let content_type = match self.inner.spec.envelope {
+            true => Some("application/json".to_string()),
+            false => event.content_type.clone(),
+        };
+        // message_id is a short string: a dedup key over 255 bytes gives way to the event id.
+        let message_id = ShortString::try_new(event.dedup_key.as_str())
+            .ok()
+            .filter(|s| !s.as_str().is_empty())
+            .unwrap_or_else(|| event.id.to_string().into());
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(message_id)
+            .with_timestamp(event.received_at.as_second().max(0).unsigned_abs())
+            .with_headers(headers);
+        if let Some(v) = short_opt(event.correlation_id.as_deref()) {
+            props = props.with_correlation_id(v);
+        }
+        if let Some(v) = short_opt(event.event_type.as_deref()) {
+            props = props.with_type(v);
+        }
+        if let Some(v) = short_opt(content_type.as_deref()) {
+            props = props.with_content_type(v);
+        }
+        props
+    }
+}
+
+/// An optional property; values over 255 bytes are left out rather than cut.
+fn short_opt(value: Option<&str>) -> Option<ShortString> {
+    value.and_then(|v| ShortString::try_new(v).ok())
+}
+
+/// A publish awaiting its confirm.
+struct Pending {
+    confirm: PublisherConfirm,
+    routing_key: String,
+}
+
+impl Pending {
+    /// Waits for the broker's verdict.
+    async fn outcome(self, exchange: &str, event: &Event) -> Outcome {
+        match self.confirm.await {
+            Ok(Confirmation::Ack(None)) => {
+                metrics::counter!("mailroom_published_total", "topic" => event.topic.clone(), "outcome" => "confirmed")
+                    .increment(1);
+                Outcome::Success
+            }
+            Ok(Confirmation::Ack(Some(_))) | Ok(Confirmation::Nack(Some(_))) => failed(
+                event,
+                "returned",
+                format!(
+                    "unroutable: exchange {exchange}, routing key {}",
+                    self.routing_key
+                ),
+            ),
+            Ok(Confirmation::Nack(None)) => {
+                failed(event, "nacked", "the broker nacked the publish".into())
+            }
+            Ok(Confirmation::NotRequested) => failed(
+                event,
+                "error",
+                "publisher confirms are off on this channel".into(),
+            ),
+            Err(e) => failed(event, "error", format!("no confirm: {e}")),
+        }
+    }
+}
+
+/// Counts a failed publish and makes it a retryable outcome.
+fn failed(event: &Event, outcome: &'static str, error: String) -> Outcome {
+    metrics::counter!("mailroom_published_total", "topic" => event.topic.clone(), "outcome" => outcome)
+        .increment(1);
+    Outcome::retry(error)
+}
+
+#[async_trait::async_trait]
+impl Handler for AmqpHandler {
+    async fn handle(&self, event: &Event) -> Outcome {
+        let Some(channel) = self.channel() else {
+            return failed(event, "error", "AMQP connection down".into());
+        };
+        match self.send(&channel, event).await {
+            Ok(pending) => pending.outcome(&self.inner.spec.exchange, event).await,
+            Err(outcome) => outcome,
+        }
+    }
+
+    async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
+        let Some(channel) = self.channel() else {
+            let each = events
+                .iter()
+                .map(|e| (e.id, failed(e, "error", "AMQP connection down".into())));
+            return BatchOutcome::Each(each.collect());
+        };
+        let mut sent = Vec::with_capacity(events.len());
+        for event in events {
+            sent.push(self.send(&channel, event).await);
+        }
+        let exchange = &self.inner.spec.exchange;
+        let verdicts = events.iter().zip(sent).map(|(event, sent)| async move {
+            let outcome = match sent {
+                Ok(pending) => pending.outcome(exchange, event).await,
+                Err(outcome) => outcome,
+            };
+            (event.id, outcome)
+        });
+        BatchOutcome::Each(join_all(verdicts).await)
+    }
+}
+
+/// Fills `{type}`, `{topic}` and `{key}`; an event lacking a value the
+/// template needs cannot be routed (a permanent failure).
+fn routing_key(template: &str, event: &Event) -> Result<String, String> {
+    let mut out = template.replace("{topic}", &event.topic);
+    for (placeholder, value, what) in [
+        ("{type}", event.event_type.as_deref(), "type"),
+        ("{key}", event.key.as_deref(), "key"),
+    ] {
+        if out.contains(placeholder) {
+            let value = value.ok_or_else(|| {
+                format!("the routing key {template:?} needs the event's {what}, and it has none")
+            })?;
+            out = out.replace(placeholder, value);
+        }
+    }
+    Ok(out)
+}
+
+/// SPEC §13's envelope. `data` is the payload's JSON value; a payload that is
+/// not JSON travels as `dataBase64` with `data` null.
+fn envelope(event: &Event) -> Vec<u8> {
+    let payload = event.payload.as_deref().unwrap_or_default();
+    let (data, data_base64) = match serde_json::from_slice::<Value>(payload) {
+        Ok(v) => (v, None),
+        Err(_) if payload.is_empty() => (Value::Null, None),
+        Err(_) => (Value::Null, Some(mailroom::event::base64_encode(payload))),
+    };
+    let mut doc = json!({
+        "eventId": event.id.to_string(),
+        "eventType": event.event_type,
+        "version": VERSION,
+        "occurredAt": event.received_at.to_string(),
+        "correlationId": event.correlation_id,
+        "causationId": event.causation_id,
+        "data": data,
+    });
+    if let Some(b) = data_base64 {
+        doc["dataBase64"] = Value::String(b);
+    }
+    serde_json::to_vec(&doc).unwrap_or_default()
+}

@@ -1,0 +1,288 @@
+use crate::{connect, delete, drain, eventually, ready, sqlite_store, unique};
+use lapin::Connection;
+use lapin::message::Delivery;
+use lapin::types::AMQPValue;
+use mailroom::{
+    Backoff, BatchSettings, Draft, Engine, Event, Mode, RetryPolicy, Status, TopicSpec,
+};
+use mailroom_amqp::{
+    AmqpHandler, AmqpHandlerSpec, ExchangeSpec, ExchangeType, QueueSpec, Topology, declare,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A topic exchange `<base>.events` and a queue `<base>.q` bound to it by `pattern`.
+async fn exchange_and_queue(conn: &Connection, base: &str, pattern: &str) -> (String, String) {
+    let (exchange, queue) = (format!("{base}.events"), format!("{base}.q"));
+    let topology = Topology {
+        exchanges: vec![ExchangeSpec::new(&exchange, ExchangeType::Topic)],
+        queues: vec![QueueSpec::new(&queue).bind(&exchange, pattern)],
+    };
+    declare(&conn.create_channel().await.expect("channel"), &topology)
+        .await
+        .expect("declare");
+    (exchange, queue)
+}
+
+/// An engine over a temp SQLite store running `topic` with an attached
+/// AMQP handler; stopped by the returned token.
+async fn relay(
+    dir: &tempfile::TempDir,
+    conn: &Connection,
+    topic: TopicSpec,
+    spec: AmqpHandlerSpec,
+) -> (Engine, CancellationToken) {
+    let handler = AmqpHandler::new(spec);
+    handler
+        .attach(conn.create_channel().await.expect("channel"))
+        .await
+        .expect("attach");
+    let name = topic.name.clone();
+    let engine = Engine::builder(sqlite_store(dir).await)
+        .poll_interval(Duration::from_millis(50))
+        .topic(topic)
+        .handler(name, Arc::new(handler))
+        .build()
+        .expect("engine");
+    let stop = CancellationToken::new();
+    let (e, s) = (engine.clone(), stop.clone());
+    tokio::spawn(async move { e.run(s).await });
+    (engine, stop)
+}
+
+async fn events(engine: &Engine, status: Status) -> Vec<Event> {
+    let filter = mailroom::ListFilter {
+        status: Some(status),
+        limit: 1000,
+        ..Default::default()
+    };
+    engine.store().list(&filter).await.expect("list").events
+}
+
+/// Waits until the only event is done, stops the engine, and returns the
+/// one message it published into `queue`.
+async fn published_once(
+    engine: &Engine,
+    stop: CancellationToken,
+    conn: &Connection,
+    queue: &str,
+) -> Delivery {
+    eventually(10, "the event is done", || async {
+        events(engine, Status::Done).await.len() == 1
+    })
+    .await;
+    stop.cancel();
+    let mut all = drain(conn, queue).await;
+    assert_eq!(all.len(), 1, "published exactly once");
+    all.remove(0)
+}
+
+fn fast_retries(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        backoff: Backoff::Schedule(vec![Duration::from_millis(20)]),
+    }
+}
+
+fn header<'a>(props: &'a lapin::BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+    props.headers().as_ref()?.inner().get(name)
+}
+
+/// An enqueued event is published once, persistent, with message_id = its
+/// dedup key, correlation id, type, content type and the mailroom headers,
+/// and is `done` only after the broker's confirm.
+#[tokio::test]
+async fn an_enqueued_event_arrives_once_with_its_properties() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = connect().await;
+    let base = unique("relay");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "order.*").await;
+    let spec = AmqpHandlerSpec::new(&exchange, "{type}");
+    let (engine, stop) = relay(&dir, &conn, TopicSpec::new("outbox"), spec).await;
+    let payload = json!({"order": 42});
+    let draft = Draft::json("outbox", &payload)
+        .dedup_key("order-42")
+        .event_type("order.created")
+        .correlation_id("corr-1")
+        .causation_id("cause-1");
+    engine.enqueue(draft).await.expect("enqueue");
+    let msg = published_once(&engine, stop, &conn, &queue).await;
+    let p = &msg.properties;
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&msg.data).expect("json"),
+        payload
+    );
+    assert_eq!(msg.routing_key.as_str(), "order.created");
+    assert_eq!(p.delivery_mode(), &Some(2), "persistent");
+    assert_eq!(
+        p.message_id().as_ref().map(|s| s.as_str()),
+        Some("order-42")
+    );
+    assert_eq!(
+        p.correlation_id().as_ref().map(|s| s.as_str()),
+        Some("corr-1")
+    );
+    assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("order.created"));
+    assert_eq!(
+        p.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(
+        header(p, "mailroom-causation-id"),
+        Some(&AMQPValue::LongString("cause-1".into()))
+    );
+    assert_eq!(
+        header(p, "mailroom-topic"),
+        Some(&AMQPValue::LongString("outbox".into()))
+    );
+    assert_eq!(
+        header(p, "mailroom-version"),
+        Some(&AMQPValue::LongLongInt(1))
+    );
+    assert_eq!(
+        header(p, "mailroom-attempt"),
+        Some(&AMQPValue::LongLongInt(1))
+    );
+    delete(&conn, &[queue], &[exchange]).await;
+}
+
+/// With `envelope = true` the body is `{eventId, eventType, version,
+/// occurredAt, correlationId, causationId, data}` around the payload.
+#[tokio::test]
+async fn envelope_wraps_the_payload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = connect().await;
+    let base = unique("envelope");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "#").await;
+    let mut spec = AmqpHandlerSpec::new(&exchange, "{topic}.{type}");
+    spec.envelope = true;
+    let (engine, stop) = relay(&dir, &conn, TopicSpec::new("outbox"), spec).await;
+    let inserted = engine
+        .enqueue(
+            Draft::json("outbox", &json!({"a": 1}))
+                .event_type("t")
+                .correlation_id("c"),
+        )
+        .await
+        .expect("enqueue");
+    let msg = published_once(&engine, stop, &conn, &queue).await;
+    let body: serde_json::Value = serde_json::from_slice(&msg.data).expect("json");
+    assert_eq!(msg.routing_key.as_str(), "outbox.t");
+    assert_eq!(body["eventId"], inserted.id.to_string());
+    assert_eq!(body["eventType"], "t");
+    assert_eq!(body["version"], 1);
+    assert_eq!(body["correlationId"], "c");
+    assert_eq!(body["causationId"], serde_json::Value::Null);
+    assert_eq!(body["data"], json!({"a": 1}));
+    assert!(
+        body["occurredAt"]
+            .as_str()
+            .is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok())
+    );
+    delete(&conn, &[queue], &[exchange]).await;
+}
+
+/// A routing key no binding matches: every attempt is returned by the
+/// broker, and after its attempts the event is dead with the error
+/// "unroutable: exchange X, routing key Y".
+#[tokio::test]
+async fn an_unroutable_event_retries_then_dies_with_the_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = connect().await;
+    let base = unique("unroutable");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "order.*").await;
+    let topic = TopicSpec::new("outbox").retry(fast_retries(3));
+    let (engine, stop) = relay(
+        &dir,
+        &conn,
+        topic,
+        AmqpHandlerSpec::new(&exchange, "x.{type}"),
+    )
+    .await;
+    engine
+        .enqueue(Draft::json("outbox", &json!({})).event_type("y"))
+        .await
+        .expect("enqueue");
+    eventually(10, "the event is dead", || async {
+        events(&engine, Status::Dead).await.len() == 1
+    })
+    .await;
+    stop.cancel();
+
+    let dead = &events(&engine, Status::Dead).await[0];
+    assert_eq!(dead.attempts, 3);
+    assert_eq!(
+        dead.last_error.as_deref(),
+        Some(format!("unroutable: exchange {exchange}, routing key x.y").as_str())
+    );
+    assert_eq!(ready(&conn, &queue).await, 0);
+    delete(&conn, &[queue], &[exchange]).await;
+}
+
+/// A batch topic publishes a whole batch and waits for all its confirms,
+/// with a verdict per event: the routable events are done and arrive once
+/// each, the unroutable ones are retried alone until dead.
+#[tokio::test]
+async fn a_batch_gets_one_verdict_per_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = connect().await;
+    let base = unique("batch");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "k.ok").await;
+    let settings = BatchSettings {
+        max_size: 50,
+        max_wait: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let topic = TopicSpec::new("outbox")
+        .mode(Mode::Batch(settings))
+        .retry(fast_retries(2));
+    let (engine, stop) = relay(
+        &dir,
+        &conn,
+        topic,
+        AmqpHandlerSpec::new(&exchange, "k.{key}"),
+    )
+    .await;
+    for i in 0..100 {
+        let key = if i % 10 == 0 { "bad" } else { "ok" };
+        let draft = Draft::json("outbox", &json!({"i": i}))
+            .key(key)
+            .dedup_key(format!("b-{i}"));
+        engine.enqueue(draft).await.expect("enqueue");
+    }
+    eventually(20, "90 done and 10 dead", || async {
+        events(&engine, Status::Done).await.len() == 90
+            && events(&engine, Status::Dead).await.len() == 10
+    })
+    .await;
+    stop.cancel();
+
+    let mut ids: Vec<String> = drain(&conn, &queue)
+        .await
+        .iter()
+        .map(|m| {
+            m.properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    ids.sort();
+    let received = ids.len();
+    ids.dedup();
+    assert_eq!(
+        (received, ids.len()),
+        (90, 90),
+        "each routable event arrived exactly once"
+    );
+    assert!(
+        events(&engine, Status::Dead)
+            .await
+            .iter()
+            .all(|e| e.key.as_deref() == Some("bad"))
+    );
+    delete(&conn, &[queue], &[exchange]).await;
+}
