@@ -1,6 +1,7 @@
-//! The storage contract every backend implements (SQLite, PostgreSQL), and
-//! the small types it speaks. A backend's SQL lives in its own crate; the
-//! shared conformance suite (`mailroom-conformance`) holds them to this page.
+//! The storage contract every backend implements, and the small types it
+//! speaks. How a backend keeps it (its SQL, indexes, durability settings)
+//! is told in its own crate; the shared conformance suite
+//! (`mailroom-conformance`) holds every backend to this page.
 
 use crate::alert::AttemptWindow;
 use crate::error::Result;
@@ -106,17 +107,45 @@ pub struct PurgeReport {
     pub rows_deleted: u64,
 }
 
-/// Durable storage of events. Every method is atomic; a method that returns
-/// `Ok` has committed durably (SQLite `synchronous=FULL`, PostgreSQL
-/// `synchronous_commit=on`), which is what lets intake acknowledge.
+/// Durable storage of events: the contract every backend implements, and
+/// that the conformance suite (`mailroom-conformance`) checks.
 ///
-/// Times that matter for correctness (leases, due times) are computed on the
-/// store's clock, never the caller's: callers pass durations, not instants.
+/// - Every method is atomic, and one that returns `Ok` has committed
+///   durably: a crash right after loses nothing it reported. That is what
+///   lets intake acknowledge.
+/// - Times that matter for correctness (leases, due times) are computed on
+///   the store's clock ([`now`](Store::now)), never the caller's: callers
+///   pass durations, not instants.
+/// - A completion or lease extension takes effect only with the attempt's
+///   current [`FencingToken`]; a stale one changes nothing.
+/// - Claims never hand one event to two concurrent callers; where several
+///   instances share a store, [`try_lead`](Store::try_lead) elects one to
+///   run maintenance.
+///
+/// The methods by role: setup ([`migrate`](Store::migrate),
+/// [`now`](Store::now)); the hot path of intake and dispatch
+/// ([`insert`](Store::insert), [`claim`](Store::claim),
+/// [`complete`](Store::complete), [`complete_many`](Store::complete_many),
+/// [`extend`](Store::extend), [`next_due`](Store::next_due),
+/// [`notifications`](Store::notifications)); reading
+/// ([`get`](Store::get), [`list`](Store::list), [`stats`](Store::stats));
+/// admin ([`replay`](Store::replay),
+/// [`replay_matching`](Store::replay_matching), [`skip`](Store::skip));
+/// maintenance ([`rescue_expired`](Store::rescue_expired),
+/// [`purge`](Store::purge), [`attempt_window`](Store::attempt_window),
+/// [`try_lead`](Store::try_lead)).
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
-    /// Creates or upgrades the schema (versioned migrations, under a lock so
-    /// several instances may start at once).
+    // Setup.
+
+    /// Creates or upgrades the schema. Safe to call from several processes
+    /// at once: one upgrades, the others then find nothing left to do.
     async fn migrate(&self) -> Result<()>;
+
+    /// The store's clock, on which leases and due times are computed.
+    async fn now(&self) -> Result<Timestamp>;
+
+    // The hot path: intake and dispatch.
 
     /// Stores `event` as `pending` and due now, unless its (source, dedup key)
     /// is already stored: then nothing changes and the stored id comes back
@@ -130,8 +159,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// For topics without `per_key`, a backend may serve an event that
     /// turned pending again behind newer ones (a retry come due, a replay)
-    /// up to a second late, while the newer ones keep its claims full
-    /// (PostgreSQL: `floor.rs`); never later than that.
+    /// up to a second late, while the newer ones keep its claims full;
+    /// never later than that.
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>>;
 
     /// Records the end of an attempt, only if `token` is still current
@@ -162,20 +191,31 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// is current. Returns the new end.
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp>;
 
-    /// Returns every `running` event whose lease has ended to `pending` (due
-    /// now), or to `dead` if it has no attempts left; the lost attempt is
-    /// recorded as `lease_expired`. Returns how many were rescued.
-    async fn rescue_expired(&self) -> Result<u64>;
-
     /// The earliest time at which `claim(req)` could find something due,
     /// if anything is pending (may be in the past).
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>>;
+
+    /// Topics that received new events, announced by the store to every
+    /// process sharing it, so idle dispatchers everywhere wake within
+    /// milliseconds. `None` (the default) means the backend cannot tell:
+    /// dispatchers rely on in-process wake-ups and polling.
+    fn notifications(&self) -> Option<TopicStream> {
+        None
+    }
+
+    // Reading.
 
     /// One event with its attempt history.
     async fn get(&self, id: EventId) -> Result<Option<Event>>;
 
     /// Events matching `filter`, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Page>;
+
+    /// Per-topic counts, oldest pending, blocked keys; the numbers of one
+    /// answer are of one moment.
+    async fn stats(&self) -> Result<Vec<TopicStats>>;
+
+    // Admin.
 
     /// Sends an event (`dead`, `done`, `skipped` or `pending`) back to
     /// `pending`, due now, with a fresh budget: `max_attempts = attempts +
@@ -189,10 +229,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Marks a `dead` event `skipped` so its key unblocks.
     async fn skip(&self, id: EventId) -> Result<Event>;
 
-    /// Per-topic counts, oldest pending, blocked keys.
-    async fn stats(&self) -> Result<Vec<TopicStats>>;
+    // Maintenance.
 
-    /// Applies retention.
+    /// Returns every `running` event whose lease has ended to `pending` (due
+    /// now), or to `dead` if it has no attempts left; the lost attempt is
+    /// recorded as `lease_expired`. Returns how many were rescued.
+    async fn rescue_expired(&self) -> Result<u64>;
+
+    /// Applies `retention` ([`Retention`] says what goes) and reports what
+    /// it removed; intake and claims are not held up meanwhile.
     async fn purge(&self, retention: Retention) -> Result<PurgeReport>;
 
     /// Per topic, the attempts finished in the last `window` (how many, how
@@ -200,17 +245,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// still running: what `failure_rate` and `processing_time` alerts need.
     /// Topics with neither are absent.
     async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>>;
-
-    /// The store's clock.
-    async fn now(&self) -> Result<Timestamp>;
-
-    /// Topics that received new events, announced by the database itself
-    /// (PostgreSQL `LISTEN/NOTIFY`), so idle dispatchers of every instance
-    /// wake within milliseconds. `None` (the default) means the backend
-    /// cannot tell: dispatchers rely on in-process wake-ups and polling.
-    fn notifications(&self) -> Option<TopicStream> {
-        None
-    }
 
     /// Tries to hold the lease named `role` (e.g. `"maintenance"`) for
     /// `ttl` as `holder`, renewing it if `holder` already has it. Exactly one

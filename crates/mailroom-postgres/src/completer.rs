@@ -7,12 +7,12 @@
 //! then answers each caller. A completion whose token is not current
 //! changes nothing and gets [`StoreError::StaleToken`] (or `NotFound`),
 //! exactly as if it had run alone; of two completions with the same token in
-//! one group, one wins and the other is stale.
+//! one group, one wins and the other is stale. The statement is
+//! [`sql::complete_many`](crate::sql::complete_many).
 
-use crate::sql::{completion_parts, db, parse_id};
+use crate::sql::complete_many;
 use mailroom_core::{Completion, EventId, FencingToken, Result, StoreError};
 use sqlx::PgPool;
-use std::collections::HashSet;
 use tokio::sync::{mpsc, oneshot};
 
 struct Job {
@@ -73,7 +73,11 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
                 Err(_) => break,
             }
         }
-        match complete_batch(&pool, &batch).await {
+        let items: Vec<_> = batch
+            .iter()
+            .map(|job| (job.id, job.token, &job.completion))
+            .collect();
+        match complete_many(&pool, &items).await {
             Ok(answers) => {
                 for (job, answer) in batch.drain(..).zip(answers) {
                     // The caller may have gone away; nothing to do then.
@@ -89,95 +93,4 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
             }
         }
     }
-}
-
-/// Input rows in queue order; `ord` tells which ones ended.
-pub(crate) const COMPLETE_MANY: &str = "
-    WITH input AS (
-        SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::text[], $6::text[])
-            WITH ORDINALITY AS t(id, token, status, delay_us, error, outcome, ord)
-    ), ended AS (
-        UPDATE mailroom.events e
-        SET status = i.status,
-            next_attempt_at = now() + i.delay_us * interval '1 microsecond',
-            lease_until = NULL,
-            last_error = COALESCE(i.error, e.last_error)
-        FROM input i
-        WHERE e.id = i.id::uuid AND e.status = 'running' AND e.attempts = i.token
-        RETURNING e.seq, e.started_at, e.worker, i.ord, i.token, i.outcome, i.error
-    ), recorded AS (
-        INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
-        SELECT seq, token, COALESCE(started_at, now()), now(), outcome, error, worker FROM ended
-        ON CONFLICT DO NOTHING
-    )
-    SELECT ord FROM ended";
-
-/// Records `jobs` in one transaction; one answer per job, in order.
-async fn complete_batch(pool: &PgPool, jobs: &[Job]) -> Result<Vec<Result<()>>> {
-    const CTX: &str = "completing attempts";
-    let mut ids = Vec::with_capacity(jobs.len());
-    let mut tokens = Vec::with_capacity(jobs.len());
-    let mut statuses = Vec::with_capacity(jobs.len());
-    let mut delays = Vec::with_capacity(jobs.len());
-    let mut errors = Vec::with_capacity(jobs.len());
-    let mut outcomes = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let (status, delay, error, outcome) = completion_parts(&job.completion);
-        ids.push(job.id.to_string());
-        tokens.push(i64::from(job.token.0));
-        statuses.push(status.as_str());
-        delays.push(delay);
-        // PostgreSQL text cannot hold NUL; keep the rest of the error text.
-        errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
-        outcomes.push(outcome);
-    }
-    let mut tx = pool.begin().await.map_err(db(CTX))?;
-    let ended: Vec<i64> = sqlx::query_scalar(COMPLETE_MANY)
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&statuses)
-        .bind(&delays)
-        .bind(&errors)
-        .bind(&outcomes)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db(CTX))?;
-    let ended: HashSet<usize> = ended
-        .into_iter()
-        .filter_map(|ord| usize::try_from(ord).ok())
-        .collect();
-    // For the rest: stale if the event exists, else not found.
-    let mut existing = HashSet::new();
-    if ended.len() < jobs.len() {
-        let missing: Vec<&str> = ids
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !ended.contains(&(i + 1)))
-            .map(|(_, id)| id.as_str())
-            .collect();
-        let found: Vec<String> = sqlx::query_scalar(
-            "SELECT id::text FROM mailroom.events WHERE id = ANY($1::text[]::uuid[])",
-        )
-        .bind(&missing)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db(CTX))?;
-        for id in found {
-            existing.insert(parse_id(&id)?);
-        }
-    }
-    tx.commit().await.map_err(db(CTX))?;
-    Ok(jobs
-        .iter()
-        .enumerate()
-        .map(|(i, job)| {
-            if ended.contains(&(i + 1)) {
-                Ok(())
-            } else if existing.contains(&job.id) {
-                Err(StoreError::StaleToken)
-            } else {
-                Err(StoreError::NotFound)
-            }
-        })
-        .collect())
 }

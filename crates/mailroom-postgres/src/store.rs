@@ -223,6 +223,9 @@ impl Store for PostgresStore {
         self.inner.writer.insert(event).await
     }
 
+    /// Independent topics are claimed from a floor (`floor.rs`): an event
+    /// that turns pending behind newer ones waits at most
+    /// `RESCAN` longer, the latitude [`Store::claim`] allows.
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>> {
         if req.max == 0 {
             return Ok(Vec::new());

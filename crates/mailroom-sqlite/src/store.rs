@@ -154,7 +154,7 @@ impl Store for SqliteStore {
     }
 
     /// One writer job for the whole set, applied set-based
-    /// ([`sql::complete_many`]): no per-event queue message, savepoint or
+    /// (`sql::complete_many`): no per-event queue message, savepoint or
     /// statement. A stale or unknown item fails alone (it writes nothing); any
     /// other error fails the job, whose savepoint then undoes all of it.
     async fn complete_many(

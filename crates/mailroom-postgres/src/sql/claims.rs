@@ -1,0 +1,442 @@
+//! Claims: moving due pending events to `running` under a lease, for
+//! independent topics (one statement) and sequential ones (heads of keys,
+//! under per-key advisory locks), and the next time a claim could succeed.
+
+use super::{db, events_from_rows, micros, opt_ts};
+use jiff::Timestamp;
+use mailroom_core::{ClaimRequest, Claimed, FencingToken, OnDead, Result, StoreError};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// Advisory-lock class (first half of the two-key form) of the per-key claim
+/// locks, so they never meet the migration lock or an application's locks.
+pub(super) const KEY_LOCK_CLASS: i32 = 0x6d72_6b79; // "mrky"
+
+/// The head rule of sequential topics, for a candidate event `e`: no earlier
+/// open event of its key blocks it, and no event of its key is running.
+/// Both subqueries are served by the `events_open_keys` partial index.
+macro_rules! head_of_key {
+    ($blocking:literal) => {
+        concat!(
+            "(e.key IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM mailroom.events p
+                    WHERE p.topic = e.topic AND p.key = e.key
+                      AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq ",
+            $blocking,
+            ")
+                AND NOT EXISTS (SELECT 1 FROM mailroom.events r
+                    WHERE r.topic = e.topic AND r.key = e.key AND r.status = 'running')))"
+        )
+    };
+}
+// With OnDead::Skip a dead event does not hold its key back.
+macro_rules! head_block {
+    () => {
+        head_of_key!("")
+    };
+}
+macro_rules! head_skip {
+    () => {
+        head_of_key!("AND p.status <> 'dead'")
+    };
+}
+
+/// Moves the events whose `seq` the selection yields to `running`.
+/// `$1` lease (µs), `$2` worker; the selection's own parameters follow.
+///
+/// `= ANY(ARRAY(selection))`, not `IN (selection)`, so the selection runs
+/// once and the rows are fetched through the primary key, in generic plans
+/// too (`docs/perf/postgres.md`).
+macro_rules! claim_update {
+    ($selection:expr) => {
+        concat!(
+            "UPDATE mailroom.events e
+             SET status = 'running', attempts = e.attempts + 1,
+                 lease_until = now() + $1 * interval '1 microsecond',
+                 started_at = now(), worker = $2, next_attempt_at = NULL
+             WHERE e.seq = ANY(ARRAY(",
+            $selection,
+            ")) RETURNING ",
+            event_cols!()
+        )
+    };
+}
+
+/// Independent events: one statement. `FOR UPDATE SKIP LOCKED` makes
+/// concurrent claimers (any number of instances) pass over each other's
+/// rows instead of waiting or taking the same event.
+///
+/// The topic is spelled `= ANY(ARRAY[$3])` and the rows ordered by
+/// `(topic, seq)` so that only `events_claim` yields that order, whatever
+/// the statistics say, and no claim walks the finished rows
+/// (`docs/perf/postgres.md`). Sequential claims do the same.
+///
+/// `$5` is where the walk starts (`seq >= $5`): `0` for the whole topic, or
+/// a floor past the rows earlier claims already took (see `floor.rs`).
+pub(super) const CLAIM_ANY: &str = claim_update!(
+    "SELECT c.seq FROM mailroom.events c
+     WHERE c.topic = ANY(ARRAY[$3::text]) AND c.seq >= $5
+       AND c.status = 'pending' AND c.next_attempt_at <= now()
+     ORDER BY c.topic, c.seq LIMIT $4 FOR UPDATE SKIP LOCKED"
+);
+
+/// Sequential topics, step 1: the candidate heads (on this statement's
+/// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
+/// `$3` lock class, `$4` window.
+///
+/// The walk goes over the topic's pending events in arrival order, testing
+/// the head rule on each, and ends when it has `$2` heads or, at the
+/// latest, at the `$4`-th pending event (`bound`): with a few keys and
+/// deep backlogs almost every pending event waits behind its key's head,
+/// and an unbounded walk would test them all on every claim. Returns
+/// whether the bound cut the walk short (more pending events lie past it:
+/// [`HEADS_BY_KEY`] then looks for the heads of the keys the walk did not
+/// reach) and the `seq` of keyless candidates and of candidates whose key
+/// lock we now hold.
+macro_rules! claim_candidates {
+    ($head:expr) => {
+        concat!(
+            "WITH bound AS MATERIALIZED (
+                 SELECT b.seq FROM mailroom.events b
+                 WHERE b.topic = ANY(ARRAY[$1::text]) AND b.status = 'pending'
+                 ORDER BY b.topic, b.seq OFFSET $4 - 1 LIMIT 1
+             ), candidates AS MATERIALIZED (
+                 SELECT e.seq, e.key FROM mailroom.events e
+                 WHERE e.topic = ANY(ARRAY[$1::text]) AND e.status = 'pending'
+                   AND e.next_attempt_at <= now()
+                   AND e.seq <= COALESCE((SELECT seq FROM bound), 9223372036854775807) AND ",
+            $head,
+            " ORDER BY e.topic, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+             SELECT EXISTS (SELECT 1 FROM bound),
+                    ARRAY(SELECT c.seq FROM candidates c
+                          WHERE c.key IS NULL
+                             OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
+                          ORDER BY c.seq)"
+        )
+    };
+}
+
+/// The keys of a sequential topic that have open events, in key order, one
+/// index probe each (a "skip scan" of `events_open_keys`), and each key's
+/// head: its first open event (pending, running or dead; `$dead` drops dead
+/// ones for `OnDead::Skip`), kept if it is pending and nothing of its key
+/// runs. Columns `seq`, `key`, `next_attempt_at`. `$1` topic; `$keys` the
+/// most keys visited, so a topic with very many keys costs a bounded walk
+/// (keys past it are reached once earlier ones have no open events).
+///
+/// Spelled (`= ANY` for the topic, a range `>= key AND <= key` for the
+/// key) so that only `events_open_keys (topic, key, seq)` yields the orders
+/// asked for, whatever the statistics say (`docs/perf/postgres.md`).
+macro_rules! heads_by_key {
+    ($dead:literal, $keys:literal) => {
+        concat!(
+            "WITH RECURSIVE keys (key, n) AS (
+                 (SELECT k.key, 1 FROM mailroom.events k
+                  WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key IS NOT NULL
+                    AND k.status IN ('pending', 'running', 'dead')
+                  ORDER BY k.topic, k.key LIMIT 1)
+                 UNION ALL
+                 SELECT next.key, keys.n + 1
+                 FROM keys CROSS JOIN LATERAL (
+                     SELECT k.key FROM mailroom.events k
+                     WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key > keys.key
+                       AND k.key IS NOT NULL AND k.status IN ('pending', 'running', 'dead')
+                     ORDER BY k.topic, k.key LIMIT 1) next
+                 WHERE keys.n < ",
+            $keys,
+            "
+             ), heads AS (
+                 SELECT h.seq, h.key, h.next_attempt_at
+                 FROM keys CROSS JOIN LATERAL (
+                     SELECT f.seq, f.key, f.status, f.next_attempt_at FROM mailroom.events f
+                     WHERE f.topic = ANY(ARRAY[$1::text])
+                       AND f.key >= keys.key AND f.key <= keys.key
+                       AND f.status IN ('pending', 'running', 'dead') ",
+            $dead,
+            "
+                     ORDER BY f.topic, f.key, f.seq LIMIT 1) h
+                 WHERE h.status = 'pending'
+                   AND NOT EXISTS (SELECT 1 FROM mailroom.events r
+                       WHERE r.topic = $1 AND r.key = keys.key AND r.status = 'running')
+             )"
+        )
+    };
+}
+
+/// Sequential topics, step 1 past the walk's bound: the heads of keys
+/// ([`heads_by_key!`]) that are due, minus the `seq`s the walk already
+/// took (`$3`), locked as the walk's are. `$1` topic, `$2` max, `$4` lock
+/// class.
+macro_rules! claim_heads_by_key {
+    ($dead:literal) => {
+        concat!(
+            heads_by_key!($dead, "10000"),
+            ", candidates AS MATERIALIZED (
+                 SELECT e.seq, e.key FROM mailroom.events e
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM heads WHERE next_attempt_at <= now()))
+                   AND NOT (e.seq = ANY($3)) AND e.status = 'pending'
+                 ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+             SELECT c.seq FROM candidates c
+             WHERE pg_try_advisory_xact_lock($4, hashtext($1 || chr(31) || c.key))
+             ORDER BY c.seq"
+        )
+    };
+}
+pub(super) const HEADS_BY_KEY: &str = claim_heads_by_key!("");
+pub(super) const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.status <> 'dead'");
+
+/// Sequential topics, step 1 past the walk's bound: due keyless events
+/// (independent; only the outbox can store them in a sequential topic),
+/// minus the `seq`s already taken (`$3`). `$1` topic, `$2` max. It walks
+/// every pending event of the topic, so a claim runs it at most once per
+/// [`RESCAN`](crate::floor::RESCAN) while the topic's heads are sparse:
+/// without it, a keyless event behind a blocked key's deep backlog would
+/// never come within the walk's bound.
+const KEYLESS: &str = "
+    SELECT e.seq FROM mailroom.events e
+    WHERE e.topic = ANY(ARRAY[$1::text]) AND e.status = 'pending'
+      AND e.next_attempt_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3))
+    ORDER BY e.topic, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED";
+
+/// Pending events a sequential claim's walk tests at most (its bound).
+pub(crate) const SEQUENTIAL_WINDOW: i64 = 1024;
+/// The bound right after a walk that it cut short: the topic's heads are
+/// sparse among its pending events (few keys, deep backlogs), so most of
+/// them come from [`HEADS_BY_KEY`] and a long walk would mostly test
+/// events waiting behind their key's head.
+pub(crate) const SPARSE_WINDOW: i64 = 64;
+
+/// Sequential topics, step 2: re-check the head rule on a snapshot taken
+/// after the key locks were granted, and claim. `$3` = candidate seqs.
+///
+/// The candidates' rows are pending and stay so: step 1 locked them (`FOR
+/// UPDATE`) in this transaction, and `now()` is the transaction's start in
+/// both statements. So the rows are found by `seq` alone, through the
+/// primary key; repeating the claim's conditions here invites a walk of
+/// the pending index (`docs/perf/postgres.md`).
+macro_rules! claim_locked {
+    ($head:expr) => {
+        claim_update!(concat!(
+            "SELECT e.seq FROM mailroom.events e WHERE e.seq = ANY($3) AND ",
+            $head,
+            " FOR UPDATE OF e SKIP LOCKED"
+        ))
+    };
+}
+
+/// Claims independent events (no `per_key`), walking the topic's pending
+/// events from `seq >= from`. Returns each claimed event with its `seq`,
+/// oldest first.
+pub(crate) async fn claim_from(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    from: i64,
+) -> Result<Vec<(i64, Claimed)>> {
+    let rows = sqlx::query(CLAIM_ANY)
+        .bind(micros(req.lease))
+        .bind(&req.worker)
+        .bind(&req.topic)
+        .bind(i64::from(req.max))
+        .bind(from)
+        .fetch_all(pool)
+        .await
+        .map_err(db("claiming events"))?;
+    claimed_from_rows(&rows)
+}
+
+/// Claims heads of keys, for sequential topics. The head rule ("no earlier
+/// open event of the key, none running") reads *other* rows, which row
+/// locks alone cannot protect: two transactions could each see "nothing of
+/// key K is running" on their own snapshots and claim two different events
+/// of K (e.g. a replayed earlier event and the next one). So a claim of a
+/// keyed event is made under a transaction-scoped advisory lock on (topic,
+/// key):
+///
+/// 1. pick the candidate heads and `pg_try_advisory_xact_lock` each key; a
+///    key another claim holds is skipped (not waited for). One statement
+///    walks the pending events in arrival order, up to a bound; when the
+///    bound cut it short of `max` heads, a second one finds the heads of
+///    the other keys, one key at a time (`HEADS_BY_KEY`);
+/// 2. in a *second* statement — whose READ COMMITTED snapshot is taken after
+///    the locks were granted, so it sees every claim of those keys that
+///    committed before (a transaction's effects are visible before its locks
+///    are released) — re-check the head rule and claim.
+///
+/// Only claims make events `running`, and every claim of key K holds K's
+/// lock until it commits, so two running events of one key can never
+/// coexist, across any number of connections and instances. Completions,
+/// replays and rescues only make a key less busy and need no lock. Keyless
+/// events are independent and rely on `FOR UPDATE SKIP LOCKED` alone. A hash
+/// collision between two keys only makes one claim skip a key for a moment.
+///
+/// `window` bounds the walk ([`SEQUENTIAL_WINDOW`] or [`SPARSE_WINDOW`]);
+/// past it, `keyless` also looks for keyless events ([`KEYLESS`]). Also
+/// returns whether the bound cut the walk short of `max` heads.
+pub(crate) async fn claim_heads(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    on_dead: OnDead,
+    window: i64,
+    keyless: bool,
+) -> Result<(Vec<(i64, Claimed)>, bool)> {
+    const CTX: &str = "claiming events";
+    let (pick, by_key, take) = match on_dead {
+        OnDead::Block => (
+            claim_candidates!(head_block!()),
+            HEADS_BY_KEY,
+            claim_locked!(head_block!()),
+        ),
+        OnDead::Skip => (
+            claim_candidates!(head_skip!()),
+            HEADS_BY_KEY_SKIP_DEAD,
+            claim_locked!(head_skip!()),
+        ),
+    };
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    let (mut seqs, cut_short) = walk_candidates(&mut tx, req, pick, window).await?;
+    if cut_short {
+        more_candidates(&mut tx, by_key, req, &mut seqs, true).await?;
+        if keyless {
+            more_candidates(&mut tx, KEYLESS, req, &mut seqs, false).await?;
+        }
+    }
+    if seqs.is_empty() {
+        tx.rollback().await.map_err(db(CTX))?;
+        return Ok((Vec::new(), cut_short));
+    }
+    let rows = sqlx::query(take)
+        .bind(micros(req.lease))
+        .bind(&req.worker)
+        .bind(&seqs)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
+    Ok((claimed_from_rows(&rows)?, cut_short))
+}
+
+/// Step 1, the bounded walk ([`claim_candidates!`] as `pick`): the
+/// candidates' `seq`s, and whether the bound cut the walk short of
+/// `req.max` heads.
+async fn walk_candidates(
+    tx: &mut Transaction<'_, Postgres>,
+    req: &ClaimRequest,
+    pick: &'static str,
+    window: i64,
+) -> Result<(Vec<i64>, bool)> {
+    let max = i64::from(req.max);
+    let (cut_short, seqs): (bool, Vec<i64>) = sqlx::query_as(pick)
+        .bind(&req.topic)
+        .bind(max)
+        .bind(KEY_LOCK_CLASS)
+        .bind(window)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db("claiming events"))?;
+    let found = i64::try_from(seqs.len()).unwrap_or(max);
+    Ok((seqs, cut_short && found < max))
+}
+
+/// Step 1 past the walk's bound: adds to `seqs` what `sql` ([`HEADS_BY_KEY`]
+/// or [`KEYLESS`]) finds, up to `req.max` in all; `locks` binds the key
+/// lock class the heads' statements take.
+async fn more_candidates(
+    tx: &mut Transaction<'_, Postgres>,
+    sql: &'static str,
+    req: &ClaimRequest,
+    seqs: &mut Vec<i64>,
+    locks: bool,
+) -> Result<()> {
+    let max = i64::from(req.max);
+    let found = i64::try_from(seqs.len()).unwrap_or(max);
+    if found >= max {
+        return Ok(());
+    }
+    let mut query = sqlx::query_scalar(sql)
+        .bind(&req.topic)
+        .bind(max - found)
+        .bind(&*seqs);
+    if locks {
+        query = query.bind(KEY_LOCK_CLASS);
+    }
+    let more: Vec<i64> = query
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db("claiming events"))?;
+    seqs.extend(more);
+    Ok(())
+}
+
+/// Claimed rows (`claim_update!`'s RETURNING), oldest arrival first.
+fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Claimed)>> {
+    let mut claimed = events_from_rows(rows)?;
+    // RETURNING comes in no particular order.
+    claimed.sort_unstable_by_key(|(seq, _)| *seq);
+    claimed
+        .into_iter()
+        .map(|(seq, event)| {
+            let lease_until = event.lease_until.ok_or_else(|| {
+                StoreError::Corrupt(format!("claimed event {} has no lease", event.id))
+            })?;
+            let claimed = Claimed {
+                token: FencingToken(event.attempts),
+                lease_until,
+                event,
+            };
+            Ok((seq, claimed))
+        })
+        .collect()
+}
+
+const NEXT_DUE: &str = concat!(
+    "SELECT ",
+    us!("MIN(e.next_attempt_at)"),
+    " FROM mailroom.events e WHERE e.topic = $1 AND e.status = 'pending'"
+);
+
+/// Sequential topics: the earliest due time among the keys' heads
+/// ([`heads_by_key!`]) and the keyless pending events among the first `$2`
+/// pending ones, the part of the topic the next claim's walk reaches (`$2`
+/// is that walk's bound), so it never walks the whole backlog. A keyless
+/// event past the bound cannot be claimed until the walk reaches it, so it
+/// does not count here either (`docs/perf/postgres.md`).
+macro_rules! next_due_by_key {
+    ($dead:literal) => {
+        concat!(
+            heads_by_key!($dead, "10000"),
+            " SELECT ",
+            us!("MIN(t.due)"),
+            " FROM (
+                 SELECT heads.next_attempt_at AS due FROM heads
+                 UNION ALL
+                 SELECT w.next_attempt_at FROM (
+                     SELECT c.key, c.next_attempt_at FROM mailroom.events c
+                     WHERE c.topic = ANY(ARRAY[$1::text]) AND c.status = 'pending'
+                     ORDER BY c.topic, c.seq LIMIT $2) w
+                 WHERE w.key IS NULL) t"
+        )
+    };
+}
+
+/// The earliest due time of an event a claim could take; `window` is the
+/// bound of a sequential topic's next walk (unused for other topics).
+pub(crate) async fn next_due(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    window: i64,
+) -> Result<Option<Timestamp>> {
+    let sql = match req.per_key {
+        None => NEXT_DUE,
+        Some(OnDead::Block) => next_due_by_key!(""),
+        Some(OnDead::Skip) => next_due_by_key!("AND f.status <> 'dead'"),
+    };
+    let mut query = sqlx::query_scalar(sql).bind(&req.topic);
+    if req.per_key.is_some() {
+        query = query.bind(window);
+    }
+    let due: Option<i64> = query
+        .fetch_one(pool)
+        .await
+        .map_err(db("finding the next due event"))?;
+    opt_ts(due)
+}

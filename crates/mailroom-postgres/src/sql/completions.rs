@@ -1,0 +1,205 @@
+//! Completions: the fenced writes of a worker's attempt, recording its end
+//! (one, or a group in one statement) and extending its lease.
+
+use super::{db, micros, parse_id, ts};
+use jiff::Timestamp;
+use mailroom_core::{Completion, EventId, FencingToken, Result, Status, StoreError};
+use sqlx::PgPool;
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// `StaleToken` if the event exists, else `NotFound`.
+async fn stale_or_missing(pool: &PgPool, id: EventId) -> StoreError {
+    let found = sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM mailroom.events WHERE id = $1::text::uuid)",
+    )
+    .bind(id.to_string())
+    .fetch_one(pool)
+    .await;
+    match found {
+        Ok(true) => StoreError::StaleToken,
+        Ok(false) => StoreError::NotFound,
+        Err(e) => db("checking a fencing token")(e),
+    }
+}
+
+/// What a completion writes: status, retry delay (µs), error, history outcome.
+fn completion_parts(c: &Completion) -> (Status, Option<i64>, Option<&str>, &'static str) {
+    match c {
+        Completion::Done => (Status::Done, None, None, "done"),
+        Completion::Retry { delay, error } => (
+            Status::Pending,
+            Some(micros(*delay)),
+            Some(error.as_str()),
+            "retry",
+        ),
+        Completion::Dead { error } => (Status::Dead, None, Some(error.as_str()), "dead"),
+    }
+}
+
+/// One statement: the fenced update and its history row, atomically.
+const COMPLETE: &str = "
+    WITH ended AS (
+        UPDATE mailroom.events
+        SET status = $1,
+            next_attempt_at = now() + $2 * interval '1 microsecond',
+            lease_until = NULL,
+            last_error = COALESCE($3, last_error)
+        WHERE id = $4::text::uuid AND status = 'running' AND attempts = $5
+        RETURNING seq, started_at, worker
+    ), recorded AS (
+        INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+        SELECT seq, $5, COALESCE(started_at, now()), now(), $6, $3, worker FROM ended
+        ON CONFLICT DO NOTHING
+    )
+    SELECT count(*) FROM ended";
+
+/// Records the end of one attempt, if `token` is still current.
+pub(crate) async fn complete(
+    pool: &PgPool,
+    id: EventId,
+    token: FencingToken,
+    completion: &Completion,
+) -> Result<()> {
+    let (status, delay, error, outcome) = completion_parts(completion);
+    let ended: i64 = sqlx::query_scalar(COMPLETE)
+        .bind(status.as_str())
+        .bind(delay)
+        .bind(error)
+        .bind(id.to_string())
+        .bind(i64::from(token.0))
+        .bind(outcome)
+        .fetch_one(pool)
+        .await
+        .map_err(db("completing an attempt"))?;
+    if ended == 0 {
+        return Err(stale_or_missing(pool, id).await);
+    }
+    Ok(())
+}
+
+/// Pushes a running event's lease to now + `lease`, if `token` is current.
+pub(crate) async fn extend(
+    pool: &PgPool,
+    id: EventId,
+    token: FencingToken,
+    lease: Duration,
+) -> Result<Timestamp> {
+    let until: Option<i64> = sqlx::query_scalar(concat!(
+        "UPDATE mailroom.events SET lease_until = now() + $1 * interval '1 microsecond'
+         WHERE id = $2::text::uuid AND status = 'running' AND attempts = $3
+         RETURNING ",
+        us!("lease_until")
+    ))
+    .bind(micros(lease))
+    .bind(id.to_string())
+    .bind(i64::from(token.0))
+    .fetch_optional(pool)
+    .await
+    .map_err(db("extending a lease"))?;
+    match until {
+        Some(until) => ts(until),
+        None => Err(stale_or_missing(pool, id).await),
+    }
+}
+
+/// Input rows in queue order; `ord` tells which ones ended.
+pub(super) const COMPLETE_MANY: &str = "
+    WITH input AS (
+        SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::text[], $6::text[])
+            WITH ORDINALITY AS t(id, token, status, delay_us, error, outcome, ord)
+    ), ended AS (
+        UPDATE mailroom.events e
+        SET status = i.status,
+            next_attempt_at = now() + i.delay_us * interval '1 microsecond',
+            lease_until = NULL,
+            last_error = COALESCE(i.error, e.last_error)
+        FROM input i
+        WHERE e.id = i.id::uuid AND e.status = 'running' AND e.attempts = i.token
+        RETURNING e.seq, e.started_at, e.worker, i.ord, i.token, i.outcome, i.error
+    ), recorded AS (
+        INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+        SELECT seq, token, COALESCE(started_at, now()), now(), outcome, error, worker FROM ended
+        ON CONFLICT DO NOTHING
+    )
+    SELECT ord FROM ended";
+
+/// Records the ends of several attempts in one transaction, each exactly as
+/// [`complete`] would; one answer per item, in order.
+pub(crate) async fn complete_many(
+    pool: &PgPool,
+    items: &[(EventId, FencingToken, &Completion)],
+) -> Result<Vec<Result<()>>> {
+    const CTX: &str = "completing attempts";
+    let mut ids = Vec::with_capacity(items.len());
+    let mut tokens = Vec::with_capacity(items.len());
+    let mut statuses = Vec::with_capacity(items.len());
+    let mut delays = Vec::with_capacity(items.len());
+    let mut errors = Vec::with_capacity(items.len());
+    let mut outcomes = Vec::with_capacity(items.len());
+    for (id, token, completion) in items {
+        let (status, delay, error, outcome) = completion_parts(completion);
+        ids.push(id.to_string());
+        tokens.push(i64::from(token.0));
+        statuses.push(status.as_str());
+        delays.push(delay);
+        // PostgreSQL text cannot hold NUL; keep the rest of the error text.
+        errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
+        outcomes.push(outcome);
+    }
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    let ended: Vec<i64> = sqlx::query_scalar(COMPLETE_MANY)
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&statuses)
+        .bind(&delays)
+        .bind(&errors)
+        .bind(&outcomes)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    let ended: HashSet<usize> = ended
+        .into_iter()
+        .filter_map(|ord| usize::try_from(ord).ok())
+        .collect();
+    // For the rest: stale if the event exists, else not found.
+    let missing: Vec<&str> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !ended.contains(&(i + 1)))
+        .map(|(_, id)| id.as_str())
+        .collect();
+    let existing = existing_ids(&mut tx, &missing).await?;
+    tx.commit().await.map_err(db(CTX))?;
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _, _))| {
+            if ended.contains(&(i + 1)) {
+                Ok(())
+            } else if existing.contains(id) {
+                Err(StoreError::StaleToken)
+            } else {
+                Err(StoreError::NotFound)
+            }
+        })
+        .collect())
+}
+
+/// Which of `ids` name stored events.
+async fn existing_ids(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    ids: &[&str],
+) -> Result<HashSet<EventId>> {
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let found: Vec<String> = sqlx::query_scalar(
+        "SELECT id::text FROM mailroom.events WHERE id = ANY($1::text[]::uuid[])",
+    )
+    .bind(ids)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db("completing attempts"))?;
+    found.iter().map(|id| parse_id(id)).collect()
+}

@@ -1,0 +1,341 @@
+//! Rows: inserting events (a group of them in one statement), reading one
+//! with its history, and listing them a page at a time.
+
+use super::{col, count, db, event_from_row, events_from_rows, opt_ts, parse_id, ts};
+use mailroom_core::{
+    Attempt, Event, EventId, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result, Status,
+    StoreError,
+};
+use sqlx::{PgPool, Postgres, Transaction};
+use std::collections::{BTreeSet, HashMap};
+
+/// Default and largest page of a listing.
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+
+/// Rows in queue order (`ord`), so the first of two same-key inserts wins.
+const INSERT: &str = "
+    INSERT INTO mailroom.events (id, source, topic, dedup_key, key, type, status, attempts,
+        max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
+        content_type, payload)
+    SELECT t.id::uuid, t.source, t.topic, t.dedup_key, t.key, t.type, 'pending', 0,
+        t.max_attempts, now(), now(), t.correlation_id, t.causation_id, t.content_type, t.payload
+    FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::text[], $9::text[], $10::bytea[], $11::int8[])
+         WITH ORDINALITY AS t(id, source, topic, dedup_key, key, type, correlation_id,
+                              causation_id, content_type, payload, max_attempts, ord)
+    ORDER BY t.ord
+    ON CONFLICT (source, dedup_key) DO NOTHING
+    RETURNING id::text, topic";
+
+/// Inserts `events` in one transaction and announces their topics at its
+/// commit; answers in the same order.
+///
+/// Duplicates: rows that did not come back from `RETURNING` were already
+/// stored (by an earlier transaction, or by an earlier row of this very
+/// batch: rows are inserted in queue order, so of two inserts of one key in
+/// one batch the first wins and the second is its duplicate). Their stored
+/// ids are read in the same transaction. `ON CONFLICT` waits for a
+/// concurrent transaction inserting the same key to end, so the stored row
+/// is committed and visible to that next statement.
+pub(crate) async fn insert_batch(pool: &PgPool, events: &[&NewEvent]) -> Result<Vec<Inserted>> {
+    const CTX: &str = "inserting events";
+    for e in events {
+        check_text(e)?;
+    }
+    let ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    let mut fresh = BTreeSet::new();
+    let mut topics = BTreeSet::new();
+    for (id, topic) in insert_rows(&mut tx, events, &ids).await? {
+        fresh.insert(id);
+        topics.insert(topic);
+    }
+    let duplicates: Vec<&NewEvent> = events
+        .iter()
+        .zip(&ids)
+        .filter(|(_, id)| !fresh.contains(*id))
+        .map(|(e, _)| *e)
+        .collect();
+    let stored = stored_ids(&mut tx, &duplicates).await?;
+    notify(&mut tx, topics).await?;
+    let answers = answers(events, &ids, &fresh, &stored)?;
+    tx.commit().await.map_err(db(CTX))?;
+    Ok(answers)
+}
+
+/// Runs [`INSERT`]; returns the `(id, topic)` of each row it stored.
+async fn insert_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[&NewEvent],
+    ids: &[String],
+) -> Result<Vec<(String, String)>> {
+    let text = |f: fn(&NewEvent) -> Option<&str>| -> Vec<Option<String>> {
+        events.iter().map(|e| f(e).map(str::to_owned)).collect()
+    };
+    let payloads: Vec<Vec<u8>> = events.iter().map(|e| e.payload.to_vec()).collect();
+    let budgets: Vec<i64> = events.iter().map(|e| i64::from(e.max_attempts)).collect();
+    sqlx::query_as(INSERT)
+        .bind(ids)
+        .bind(text(|e| Some(&e.source)))
+        .bind(text(|e| Some(&e.topic)))
+        .bind(text(|e| Some(&e.dedup_key)))
+        .bind(text(|e| e.key.as_deref()))
+        .bind(text(|e| e.event_type.as_deref()))
+        .bind(text(|e| e.correlation_id.as_deref()))
+        .bind(text(|e| e.causation_id.as_deref()))
+        .bind(text(|e| e.content_type.as_deref()))
+        .bind(payloads)
+        .bind(budgets)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db("inserting events"))
+}
+
+/// The stored ids of `duplicates`, by (source, dedup key).
+async fn stored_ids(
+    tx: &mut Transaction<'_, Postgres>,
+    duplicates: &[&NewEvent],
+) -> Result<HashMap<(String, String), String>> {
+    if duplicates.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let sources: Vec<String> = duplicates.iter().map(|e| e.source.clone()).collect();
+    let dedup_keys: Vec<String> = duplicates.iter().map(|e| e.dedup_key.clone()).collect();
+    let found: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT e.source, e.dedup_key, e.id::text FROM mailroom.events e
+         JOIN UNNEST($1::text[], $2::text[]) AS k(source, dedup_key)
+           ON e.source = k.source AND e.dedup_key = k.dedup_key",
+    )
+    .bind(sources)
+    .bind(dedup_keys)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db("inserting events"))?;
+    Ok(found.into_iter().map(|(s, d, id)| ((s, d), id)).collect())
+}
+
+/// Announces `topics` at commit, to every instance listening (SPEC §11).
+async fn notify(tx: &mut Transaction<'_, Postgres>, topics: BTreeSet<String>) -> Result<()> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_notify($1, t) FROM UNNEST($2::text[]) AS t")
+        .bind(crate::NOTIFY_CHANNEL)
+        .bind(topics.into_iter().collect::<Vec<_>>())
+        .execute(&mut **tx)
+        .await
+        .map_err(db("inserting events"))?;
+    Ok(())
+}
+
+/// One answer per event: fresh ones are new, the others duplicates of
+/// their stored row.
+fn answers(
+    events: &[&NewEvent],
+    ids: &[String],
+    fresh: &BTreeSet<String>,
+    stored: &HashMap<(String, String), String>,
+) -> Result<Vec<Inserted>> {
+    events
+        .iter()
+        .zip(ids)
+        .map(|(e, id)| {
+            if fresh.contains(id) {
+                return Ok(Inserted {
+                    id: e.id,
+                    duplicate: false,
+                });
+            }
+            let Some(stored_id) = stored.get(&(e.source.clone(), e.dedup_key.clone())) else {
+                // Deleted by retention between the two statements: let the caller retry.
+                return Err(StoreError::Unavailable(format!(
+                    "postgres: the stored event for dedup key {:?} vanished during the insert",
+                    e.dedup_key
+                )));
+            };
+            Ok(Inserted {
+                id: parse_id(stored_id)?,
+                duplicate: true,
+            })
+        })
+        .collect()
+}
+
+/// PostgreSQL `text` cannot hold NUL; refuse such input before it can fail a
+/// whole group.
+fn check_text(e: &NewEvent) -> Result<()> {
+    let fields = [
+        ("source", Some(e.source.as_str())),
+        ("topic", Some(e.topic.as_str())),
+        ("dedup key", Some(e.dedup_key.as_str())),
+        ("key", e.key.as_deref()),
+        ("type", e.event_type.as_deref()),
+        ("correlation id", e.correlation_id.as_deref()),
+        ("causation id", e.causation_id.as_deref()),
+        ("content type", e.content_type.as_deref()),
+    ];
+    for (name, value) in fields {
+        if value.is_some_and(|v| v.contains('\0')) {
+            return Err(StoreError::Invalid(format!(
+                "the event's {name} contains a NUL character"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The attempt history of the event stored as `seq`, oldest first.
+async fn history(pool: &PgPool, seq: i64) -> Result<Vec<Attempt>> {
+    const CTX: &str = "reading attempt history";
+    let rows = sqlx::query(concat!(
+        "SELECT attempt, ",
+        us!("started_at"),
+        ", ",
+        us!("finished_at"),
+        ", outcome, error, worker
+         FROM mailroom.attempts WHERE event_seq = $1 ORDER BY attempt"
+    ))
+    .bind(seq)
+    .fetch_all(pool)
+    .await
+    .map_err(db(CTX))?;
+    rows.iter()
+        .map(|row| {
+            let outcome: String = col(row, 3)?;
+            Ok(Attempt {
+                attempt: count(row, 0)?,
+                started_at: ts(col(row, 1)?)?,
+                finished_at: opt_ts(col(row, 2)?)?,
+                outcome: outcome.parse().map_err(StoreError::Corrupt)?,
+                error: col(row, 4)?,
+                worker: col(row, 5)?,
+            })
+        })
+        .collect()
+}
+
+/// One event without its history, with its `seq`.
+pub(super) async fn event_by_id(pool: &PgPool, id: EventId) -> Result<Option<(i64, Event)>> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        event_cols!(),
+        " FROM mailroom.events e WHERE e.id = $1::text::uuid"
+    ))
+    .bind(id.to_string())
+    .fetch_optional(pool)
+    .await
+    .map_err(db("reading an event"))?;
+    row.as_ref().map(event_from_row).transpose()
+}
+
+/// One event with its history.
+pub(crate) async fn get(pool: &PgPool, id: EventId) -> Result<Option<Event>> {
+    match event_by_id(pool, id).await? {
+        None => Ok(None),
+        Some((seq, mut event)) => {
+            event.history = history(pool, seq).await?;
+            Ok(Some(event))
+        }
+    }
+}
+
+/// A page of events, newest first: the primary key walked backwards.
+/// `$1` topic (NULL here), `$2` status, `$3` key, `$4` before this seq, `$5` limit.
+const LIST_ALL: &str = concat!(
+    "SELECT ",
+    event_cols!(),
+    " FROM mailroom.events e
+     WHERE ($1::text IS NULL OR e.topic = $1)
+       AND ($2::text IS NULL OR e.status = $2)
+       AND ($3::text IS NULL OR e.key = $3)
+       AND ($4::int8 IS NULL OR e.seq < $4)
+     ORDER BY e.seq DESC LIMIT $5"
+);
+
+/// One topic's events in one `state` (a condition on `status`), newest
+/// first; the filters and parameters of [`LIST_ALL`].
+macro_rules! list_topic_part {
+    ($state:literal) => {
+        concat!(
+            "(SELECT * FROM mailroom.events
+              WHERE topic = $1 AND status ",
+            $state,
+            "
+                AND ($2::text IS NULL OR status = $2)
+                AND ($3::text IS NULL OR key = $3)
+                AND ($4::int8 IS NULL OR seq < $4)
+              ORDER BY seq DESC LIMIT $5)"
+        )
+    };
+}
+
+/// The same for one topic, merged from three parts, each read from its own
+/// partial index: pending events from `events_claim` and finished ones from
+/// `events_listing`, both backwards; running ones (at most the topics'
+/// concurrency) from `events_running`. Why no one index holds them all:
+/// `docs/perf/postgres.md`, "Listing one topic".
+pub(super) const LIST_TOPIC: &str = concat!(
+    "SELECT ",
+    event_cols!(),
+    " FROM (",
+    list_topic_part!("= 'pending'"),
+    " UNION ALL ",
+    list_topic_part!("= 'running'"),
+    " UNION ALL ",
+    list_topic_part!("IN ('done', 'dead', 'skipped')"),
+    ") e ORDER BY e.seq DESC LIMIT $5"
+);
+
+/// Events matching `filter`, newest first, a page at a time.
+pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
+    const CTX: &str = "listing events";
+    let limit = match filter.limit {
+        0 => DEFAULT_LIMIT,
+        n => n.min(MAX_LIMIT),
+    };
+    let after_seq = match filter.cursor {
+        None => None,
+        Some(cursor) => Some(cursor_seq(pool, cursor).await?),
+    };
+    // One row more than the page tells whether another page follows.
+    let sql = if filter.topic.is_some() {
+        LIST_TOPIC
+    } else {
+        LIST_ALL
+    };
+    let rows = sqlx::query(sql)
+        .bind(filter.topic.as_deref())
+        .bind(filter.status.map(Status::as_str))
+        .bind(filter.key.as_deref())
+        .bind(after_seq)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(pool)
+        .await
+        .map_err(db(CTX))?;
+    let mut events: Vec<Event> = events_from_rows(&rows)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    let next_cursor = if events.len() > limit as usize {
+        events.truncate(limit as usize);
+        events.last().map(|e| KeyCursor(e.id))
+    } else {
+        None
+    };
+    Ok(Page {
+        events,
+        next_cursor,
+    })
+}
+
+/// The `seq` a listing cursor stands for.
+async fn cursor_seq(pool: &PgPool, KeyCursor(after_id): KeyCursor) -> Result<i64> {
+    let seq: Option<i64> =
+        sqlx::query_scalar("SELECT seq FROM mailroom.events WHERE id = $1::text::uuid")
+            .bind(after_id.to_string())
+            .fetch_optional(pool)
+            .await
+            .map_err(db("listing events"))?;
+    seq.ok_or_else(|| StoreError::Invalid(format!("cursor {after_id} names no stored event")))
+}
