@@ -13,11 +13,13 @@
 //! Every operation's failure is an [`AmqpError`]; a broker's refusal of a
 //! declare (`PRECONDITION_FAILED`) names the queue and the argument.
 
+pub mod connection;
 mod error;
 pub mod publish;
 pub mod source;
 pub mod topology;
 
+pub use connection::{AmqpConnection, AmqpStatus, declare_at};
 pub use error::{AmqpError, Result};
 pub use publish::{AmqpHandler, AmqpHandlerSpec};
 pub use source::{AmqpSource, AmqpSourceSpec};

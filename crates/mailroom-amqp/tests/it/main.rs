@@ -1,6 +1,7 @@
 //! Integration tests against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL`.
 //! Every test declares uniquely named exchanges and queues and deletes them.
 
+mod connection;
 mod publish;
 mod source;
 mod topology;

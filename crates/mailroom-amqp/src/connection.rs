@@ -1,0 +1,242 @@
+//! Connections that heal (SPEC §6, issue 13 §4): one supervisor loop per
+//! broker URL connects, declares the topology, attaches the handlers'
+//! channels and starts the sources' consumers; when the connection is lost
+//! it does all of that again after a capped, jittered, growing delay.
+//!
+//! lapin's own recovery (`enable_auto_recover`) is not used: it gives up
+//! after a fixed number of TCP attempts, and its open issue amqp-rs/lapin#450
+//! reports a connection that never recovers after a broker restart. A fresh
+//! connection per outage is simple to reason about: publishes in flight fail
+//! (the attempt is retried later), unacknowledged deliveries return to their
+//! queue (and are deduplicated when redelivered).
+
+use crate::error::{AmqpError, Result};
+use crate::publish::AmqpHandler;
+use crate::source::AmqpSource;
+use crate::topology::{Declared, Topology, declare};
+use futures::StreamExt;
+use lapin::{Connection, ConnectionProperties};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// First and longest delay between reconnection attempts.
+const RECONNECT: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
+
+/// Connects to `url`, declares `topology` once and closes the connection:
+/// `mailroom amqp declare`, and `serve`'s check before it starts (a
+/// conflicting queue is [`AmqpError::Inequivalent`]).
+pub async fn declare_at(url: &str, topology: &Topology) -> Result<Declared> {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .map_err(|e| AmqpError::broker(format!("connecting to {}", redact(url)), e))?;
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| AmqpError::broker("opening a channel", e))?;
+    let declared = declare(&channel, topology).await;
+    let _ = conn.close(200, "OK".into()).await;
+    declared
+}
+
+/// Whether a supervised connection is up (for `/readyz`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AmqpStatus {
+    name: Arc<str>,
+    up: Arc<AtomicBool>,
+}
+
+impl AmqpStatus {
+    /// The connection's name: its URL without credentials.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Connected, topology declared, handlers and consumers running.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+        metrics::gauge!("mailroom_amqp_connected", "connection" => self.name.to_string())
+            .set(if up { 1.0 } else { 0.0 });
+    }
+}
+
+/// One broker connection and everything that runs on it.
+#[derive(Debug)]
+pub struct AmqpConnection {
+    url: String,
+    topology: Topology,
+    sources: Vec<AmqpSource>,
+    handlers: Vec<AmqpHandler>,
+    status: AmqpStatus,
+}
+
+impl AmqpConnection {
+    /// A connection to `url` (`amqp://user:pass@host:port/vhost`).
+    pub fn new(url: impl Into<String>) -> Self {
+        let url = url.into();
+        let status = AmqpStatus {
+            name: redact(&url).into(),
+            up: Arc::new(AtomicBool::new(false)),
+        };
+        Self {
+            url,
+            topology: Topology::default(),
+            sources: vec![],
+            handlers: vec![],
+            status,
+        }
+    }
+
+    /// The topology declared on every (re)connection.
+    pub fn topology(mut self, topology: Topology) -> Self {
+        self.topology = topology;
+        self
+    }
+
+    /// Adds a source consumed on its own channel.
+    pub fn source(mut self, source: AmqpSource) -> Self {
+        self.sources.push(source);
+        self
+    }
+
+    /// Adds a handler publishing on its own channel.
+    pub fn handler(mut self, handler: AmqpHandler) -> Self {
+        self.handlers.push(handler);
+        self
+    }
+
+    /// The connection's status handle.
+    pub fn status(&self) -> AmqpStatus {
+        self.status.clone()
+    }
+
+    /// Keeps the connection up until `shutdown`: connects, and after every
+    /// loss reconnects with capped exponential backoff and jitter. Logs each
+    /// transition once, not each failed attempt.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let name = self.status.name().to_string();
+        let mut failures: u32 = 0;
+        let mut last_error: Option<String> = None;
+        self.status.set(false);
+        while !shutdown.is_cancelled() {
+            let ended = self.session(&shutdown, &mut failures).await;
+            self.status.set(false);
+            for h in &self.handlers {
+                h.detach();
+            }
+            let Err(e) = ended else { break };
+            let text = e.to_string();
+            if last_error.as_deref() != Some(text.as_str()) {
+                tracing::warn!(connection = %name, error = %text, "AMQP connection down; reconnecting");
+                last_error = Some(text);
+            }
+            let delay = backoff(failures);
+            failures = failures.saturating_add(1);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = shutdown.cancelled() => break,
+            }
+        }
+    }
+
+    /// One connection's life: set up, run until it is lost or `shutdown`.
+    async fn session(&self, shutdown: &CancellationToken, failures: &mut u32) -> Result<()> {
+        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(|e| AmqpError::broker("connecting", e))?;
+        let mut events = conn.events_listener();
+        let channel = open_channel(&conn).await?;
+        declare(&channel, &self.topology).await?;
+        for h in &self.handlers {
+            h.attach(open_channel(&conn).await?).await?;
+        }
+        let stop = shutdown.child_token();
+        let mut consumers = JoinSet::new();
+        for s in &self.sources {
+            let (source, ch, stop) = (s.clone(), open_channel(&conn).await?, stop.clone());
+            consumers.spawn(async move { source.consume(&ch, &stop).await });
+        }
+        self.status.set(true);
+        *failures = 0;
+        tracing::info!(connection = %self.status.name(), sources = self.sources.len(), handlers = self.handlers.len(), "AMQP connection up");
+        let ended = loop {
+            tokio::select! {
+                () = stop.cancelled() => break Ok(()),
+                Some(done) = consumers.join_next() => break match done {
+                    Ok(Err(e)) => Err(e),
+                    Ok(Ok(())) if stop.is_cancelled() => Ok(()),
+                    Ok(Ok(())) => Err(AmqpError::Invalid("a consumer stopped".into())),
+                    Err(e) => Err(AmqpError::Invalid(format!("a consumer failed: {e}"))),
+                },
+                event = events.next() => match event {
+                    Some(lapin::Event::Error(e)) => break Err(AmqpError::broker("connection lost", e)),
+                    Some(_) => {}
+                    None => break Err(AmqpError::Invalid("the connection closed".into())),
+                },
+            }
+        };
+        stop.cancel();
+        while consumers.join_next().await.is_some() {}
+        // After a loss this fails at once; after shutdown it closes cleanly.
+        let _ = conn.close(200, "OK".into()).await;
+        ended
+    }
+}
+
+async fn open_channel(conn: &Connection) -> Result<lapin::Channel> {
+    conn.create_channel()
+        .await
+        .map_err(|e| AmqpError::broker("opening a channel", e))
+}
+
+/// `min(200 ms × 2^failures, 30 s)`, scaled by a random factor in [0.5, 1]
+/// so that many instances do not reconnect in step.
+fn backoff(failures: u32) -> Duration {
+    let exp = RECONNECT.0.saturating_mul(1u32 << failures.min(16));
+    exp.min(RECONNECT.1)
+        .mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+/// The URL without its password, for logs and metric labels.
+fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logs and metric labels never carry the broker password.
+    #[test]
+    fn urls_are_named_without_credentials() {
+        assert_eq!(
+            redact("amqp://guest:secret@rabbit:5672/%2f"),
+            "amqp://rabbit:5672/%2f"
+        );
+        assert_eq!(redact("amqp://rabbit/%2f"), "amqp://rabbit/%2f");
+    }
+
+    /// Reconnection delays grow, never exceed 30 s, and are spread.
+    #[test]
+    fn reconnect_delays_grow_up_to_the_cap() {
+        assert!(backoff(0) <= Duration::from_millis(200));
+        assert!(backoff(0) >= Duration::from_millis(100));
+        assert!(backoff(3) >= Duration::from_millis(800));
+        for n in [10, 20, 1000] {
+            let d = backoff(n);
+            assert!(
+                d >= Duration::from_secs(15) && d <= Duration::from_secs(30),
+                "{d:?}"
+            );
+        }
+    }
+}

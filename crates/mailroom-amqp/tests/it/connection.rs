@@ -1,0 +1,168 @@
+use crate::{connect, delete, eventually, ready, sqlite_store, unique};
+use mailroom::{Backoff, Draft, Engine, ListFilter, RetryPolicy, Status, TopicSpec};
+use mailroom_amqp::{
+    AmqpConnection, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec, ExchangeSpec,
+    ExchangeType, QueueSpec, Topology,
+};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A TCP proxy in front of the broker that can cut every connection and
+/// refuse new ones: the network view of a broker going down and back up.
+struct Proxy {
+    addr: SocketAddr,
+    open: Arc<AtomicBool>,
+    pipes: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl Proxy {
+    async fn start(broker: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let proxy = Proxy {
+            addr: listener.local_addr().expect("addr"),
+            open: Arc::new(AtomicBool::new(true)),
+            pipes: Arc::new(Mutex::new(vec![])),
+        };
+        let (open, pipes) = (proxy.open.clone(), proxy.pipes.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !open.load(Ordering::SeqCst) {
+                    continue; // dropped: connection refused, in effect
+                }
+                let Ok(mut server) = TcpStream::connect(&broker).await else {
+                    continue;
+                };
+                let pipe = tokio::spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+                pipes.lock().expect("lock").push(pipe.abort_handle());
+            }
+        });
+        proxy
+    }
+
+    /// The test broker's URL, through the proxy.
+    fn url(&self) -> String {
+        let real = mailroom_testkit::amqp_url();
+        let (head, rest) = real.split_once('@').expect("credentials in the test URL");
+        let vhost = rest.split_once('/').map(|(_, v)| v).unwrap_or("%2f");
+        format!("{head}@{}/{vhost}", self.addr)
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        for p in self.pipes.lock().expect("lock").drain(..) {
+            p.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+fn broker_addr() -> String {
+    let url = mailroom_testkit::amqp_url();
+    let rest = url.split_once('@').map(|(_, r)| r).unwrap_or(&url);
+    rest.split('/').next().expect("host:port").to_string()
+}
+
+async fn count(engine: &Engine, topic: &str, status: Status) -> usize {
+    let filter = ListFilter {
+        topic: Some(topic.into()),
+        status: Some(status),
+        limit: 1000,
+        ..Default::default()
+    };
+    engine
+        .store()
+        .list(&filter)
+        .await
+        .expect("list")
+        .events
+        .len()
+}
+
+/// A relay (topic `outbox` publishing to an exchange) and a consumer of the
+/// bound queue (into topic `inbound`) share one supervised connection. The
+/// network to the broker is cut for a second while events flow: the status
+/// goes down and comes back by itself, every outbox event is published and
+/// every one is stored inbound exactly once, and the queue ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_and_consumer_heal_after_the_connection_is_cut() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = unique("heal");
+    let (exchange, queue) = (format!("{base}.events"), format!("{base}.in"));
+    let topology = Topology {
+        exchanges: vec![ExchangeSpec::new(&exchange, ExchangeType::Topic)],
+        queues: vec![QueueSpec::new(&queue).bind(&exchange, "e.#")],
+    };
+    let handler = AmqpHandler::new(AmqpHandlerSpec::new(&exchange, "e.{type}"));
+    let retry = RetryPolicy {
+        max_attempts: 1000,
+        backoff: Backoff::Schedule(vec![Duration::from_millis(50)]),
+    };
+    let engine = Engine::builder(sqlite_store(&dir).await)
+        .poll_interval(Duration::from_millis(50))
+        .topic(
+            TopicSpec::new("outbox")
+                .retry(retry)
+                .timeout(Duration::from_secs(2)),
+        )
+        .handler("outbox", Arc::new(handler.clone()))
+        .topic(TopicSpec::new("inbound"))
+        .build()
+        .expect("engine");
+    let source = AmqpSource::new(
+        engine.clone(),
+        AmqpSourceSpec::new("rabbit", "inbound", &queue),
+    )
+    .expect("source");
+    let proxy = Proxy::start(broker_addr()).await;
+    let connection = AmqpConnection::new(proxy.url())
+        .topology(topology)
+        .source(source)
+        .handler(handler);
+    let status = connection.status();
+    let stop = CancellationToken::new();
+    tokio::spawn(connection.run(stop.clone()));
+    let (e, s) = (engine.clone(), stop.clone());
+    tokio::spawn(async move { e.run(s).await });
+    eventually(10, "the connection is up", || async { status.is_up() }).await;
+
+    for i in 0..300 {
+        let draft = Draft::json("outbox", &serde_json::json!({"i": i}))
+            .event_type("made")
+            .dedup_key(format!("ev-{i}"));
+        engine.enqueue(draft).await.expect("enqueue");
+        if i == 100 {
+            proxy.cut();
+            eventually(5, "the status shows the loss", || async { !status.is_up() }).await;
+        }
+        if i == 200 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            proxy.restore();
+        }
+    }
+    eventually(30, "the connection is back", || async { status.is_up() }).await;
+    eventually(60, "all 300 are published", || async {
+        count(&engine, "outbox", Status::Done).await == 300
+    })
+    .await;
+    eventually(60, "all 300 are stored inbound", || async {
+        count(&engine, "inbound", Status::Pending).await == 300
+    })
+    .await;
+    let conn = connect().await;
+    eventually(10, "the queue is empty", || async {
+        ready(&conn, &queue).await == 0
+    })
+    .await;
+    stop.cancel();
+    delete(&conn, &[queue], &[exchange]).await;
+}
