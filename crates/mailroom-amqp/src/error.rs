@@ -63,15 +63,6 @@ impl AmqpError {
             source,
         }
     }
-
-    /// Whether the error came from a lost connection or channel rather than
-    /// from a refusal (so reconnecting may cure it).
-    pub fn is_connection_lost(&self) -> bool {
-        match self {
-            AmqpError::Broker { source, .. } => !source.is_amqp_soft_error(),
-            _ => false,
-        }
-    }
 }
 
 /// Reads RabbitMQ's text `PRECONDITION_FAILED - inequivalent arg

@@ -382,13 +382,16 @@ impl Pause {
         self.until = None;
     }
 
+    /// Deliveries in flight fail together: only the first failure of a
+    /// pause sets (and grows) it.
     fn after_failure(&mut self) {
+        if self.until.is_some() {
+            return;
+        }
         let delay = self.next.unwrap_or(PAUSE.0);
         self.next = Some((delay * 2).min(PAUSE.1));
-        if self.until.is_none() {
-            self.until = Some(Instant::now() + delay);
-            tracing::warn!(pause = ?delay, "the store cannot commit; consuming paused");
-        }
+        self.until = Some(Instant::now() + delay);
+        tracing::warn!(pause = ?delay, "the store cannot commit; consuming paused");
     }
 
     fn after_success(&mut self) {

@@ -285,3 +285,65 @@ async fn ids_come_from_properties_else_from_the_envelope() {
     assert_eq!(events[0].content_type.as_deref(), Some("application/json"));
     cleanup(&conn, &queue).await;
 }
+
+/// While the store cannot commit (another connection holds SQLite's write
+/// lock), no delivery is acknowledged: nothing is stored and nothing is
+/// lost. Once the lock is released the paused consumer resumes within
+/// seconds (the pause grows once per pause, not once per failed delivery)
+/// and every message is stored and acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_are_requeued_while_the_store_cannot_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("m.db");
+    let mut options = mailroom_sqlite::SqliteOptions::new(&path);
+    options.busy_timeout = std::time::Duration::from_millis(50);
+    let store = std::sync::Arc::new(mailroom_sqlite::SqliteStore::open(options).expect("open"));
+    mailroom::Store::migrate(store.as_ref())
+        .await
+        .expect("migrate");
+    let engine = Engine::builder(store)
+        .topic(TopicSpec::new("inbound"))
+        .build()
+        .expect("engine");
+    let conn = connect().await;
+    let queue = dead_lettered_queue(&conn, &unique("locked")).await;
+
+    let lock = rusqlite::Connection::open(&path).expect("second connection");
+    lock.execute_batch("BEGIN EXCLUSIVE").expect("write lock");
+    let messages = (0..20).map(|i| {
+        let props = BasicProperties::default().with_message_id(format!("l-{i}").into());
+        (props, b"{}".to_vec())
+    });
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        messages,
+    )
+    .await;
+    let source = AmqpSource::new(
+        engine.clone(),
+        AmqpSourceSpec::new("rabbit", "inbound", &queue),
+    );
+    let (stop, task) = start(&conn, source.expect("source")).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(stored(&engine).await, 0, "nothing could commit");
+    assert_eq!(
+        ready(&conn, &format!("{queue}.dlq")).await,
+        0,
+        "nothing was rejected"
+    );
+
+    lock.execute_batch("COMMIT").expect("release");
+    eventually(5, "all 20 are stored", || async {
+        stored(&engine).await == 20
+    })
+    .await;
+    eventually(10, "the queue is drained", || async {
+        ready(&conn, &queue).await == 0
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("consumer task");
+    assert_eq!(ready(&conn, &queue).await, 0, "every delivery was acked");
+    cleanup(&conn, &queue).await;
+}
