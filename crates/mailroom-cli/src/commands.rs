@@ -4,8 +4,8 @@
 use crate::table::{clip, render};
 use crate::{Cli, Command, ConfigCommand, EventsCommand};
 use anyhow::{Context, Result, bail};
-use mailroom::config::Config;
 use mailroom::{Engine, EventId, KeyCursor, ListFilter, Retention, Status, Store};
+use mailroom_config::{Config, Topology};
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +35,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn load_config(cli: &Cli) -> Result<Config> {
-    let path = mailroom::config::locate(cli.config.clone(), &env);
+    let path = mailroom_config::locate(cli.config.clone(), &env);
     Ok(Config::load(path.as_deref(), &env)?)
 }
 
@@ -249,7 +249,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
 /// An engine that is never run: it gives replays their topic's budget.
 async fn offline_engine(config: &Config) -> Result<Engine> {
     let store = open(config).await?;
-    Ok(Engine::from_config(config, store)?.build()?)
+    Ok(Topology::from_config(config)?.into_builder(store).build()?)
 }
 
 async fn serve(config: Config) -> Result<()> {
@@ -267,7 +267,8 @@ async fn serve(config: Config) -> Result<()> {
         .install_recorder()
         .context("cannot install the metrics recorder")?;
     let store = open(&config).await?;
-    let engine = Engine::from_config(&config, store)?
+    let engine = Topology::from_config(&config)?
+        .into_builder(store)
         .accept_undeclared_sources(loopback)
         .build()?;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -320,7 +321,7 @@ async fn serve(config: Config) -> Result<()> {
 }
 
 /// `[limits]` over the server's defaults.
-fn server_limits(c: &mailroom::config::LimitsConfig) -> mailroom_server::limits::Limits {
+fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::limits::Limits {
     let d = mailroom_server::limits::Limits::default();
     mailroom_server::limits::Limits {
         max_concurrent_requests: c
@@ -517,7 +518,7 @@ fn config_check(cli: &Cli, json: bool) -> Result<ExitCode> {
         );
     }
     // Validates every topic, source, handler and secret, without a store.
-    let topology = mailroom::topology::Topology::from_config(&config)?;
+    let topology = Topology::from_config(&config)?;
     for (i, s) in config.sources.iter().enumerate() {
         let topic = s.topic.clone().unwrap_or_else(|| s.name.clone());
         if !config.topics.iter().any(|t| t.name == topic) {

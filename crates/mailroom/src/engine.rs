@@ -2,8 +2,6 @@
 //! that run them. Cheap to clone; no global state, so one process may run
 //! several engines.
 
-use crate::config::Config;
-use crate::config::ConfigError;
 use crate::dispatch::{Maintenance, TopicRuntime, run_maintenance, run_topic};
 use crate::handler::SharedHandler;
 use crate::intake::{self, IntakeError};
@@ -308,28 +306,6 @@ impl Engine {
             accept_undeclared: false,
             clock: Arc::new(crate::clock::SystemClock),
         }
-    }
-
-    /// A builder holding `config`'s topics (with their `http`/`command`
-    /// handlers), sources, retention and alert thresholds.
-    pub fn from_config(
-        config: &Config,
-        store: Arc<dyn Store>,
-    ) -> Result<EngineBuilder, ConfigError> {
-        let topology = crate::topology::Topology::from_config(config)?;
-        let mut b = Self::builder(store)
-            .retention(topology.retention)
-            .alerts(topology.alerts);
-        for (spec, handler) in topology.topics {
-            if let Some(h) = handler {
-                b = b.handler(spec.name.clone(), h);
-            }
-            b = b.topic(spec);
-        }
-        for s in topology.sources {
-            b = b.source(s);
-        }
-        Ok(b)
     }
 
     /// The store.

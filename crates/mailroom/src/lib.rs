@@ -16,9 +16,9 @@
 //!    [`RetryPolicy`] into done / retry-later / dead and stored with the
 //!    claim's token.
 //!
-//! Configuration ([`config`]) and topology ([`topology`]) describe topics and
-//! sources; the HTTP server lives in `mailroom-server`, the CLI in
-//! `mailroom-cli`.
+//! [`topology`] describes topics and sources; the engine builder validates
+//! them. The `mailroom.toml` file format lives in `mailroom-config`, the HTTP
+//! server in `mailroom-server`, the CLI in `mailroom-cli`.
 //!
 //! ```no_run
 //! use mailroom::{Draft, Engine, TopicSpec, handler::handler_fn};
@@ -41,11 +41,9 @@
 //! ```
 
 pub mod clock;
-pub mod config;
 mod dispatch;
 mod engine;
 pub mod handler;
-mod handler_config;
 pub mod intake;
 mod observe;
 mod open;

@@ -1,12 +1,9 @@
-//! The resolved shape of an engine: its topics and sources, built from
-//! [`Config`](crate::config::Config) or by hand (library mode), validated
-//! once so the data path never re-checks configuration.
+//! The resolved shape of an engine: its topics and sources, built by hand
+//! (library mode) or from `mailroom.toml` by the `mailroom-config` crate,
+//! validated once by the engine builder so the data path never re-checks
+//! configuration.
 
-use crate::config::{
-    Config, ConfigError, FieldConfig, ModeName, OnDeadName, RetryConfig, TopicConfig,
-};
-use crate::handler::SharedHandler;
-use mailroom_core::{Backoff, BatchSettings, Mode, OnDead, RetryPolicy, duration};
+use mailroom_core::{Mode, RetryPolicy, duration};
 use std::time::Duration;
 
 /// Where a value lives in an incoming request.
@@ -21,21 +18,6 @@ pub enum Field {
 }
 
 impl Field {
-    fn from_config(c: &FieldConfig, key: &str, cfg: &Config) -> Result<Field, ConfigError> {
-        match (&c.header, &c.json) {
-            (Some(h), None) => {
-                http::HeaderName::try_from(h.as_str())
-                    .map_err(|_| cfg.invalid(key, format!("{h:?} is not a valid header name")))?;
-                Ok(Field::Header(h.clone()))
-            }
-            (None, Some(p)) => Field::json(p).map_err(|m| cfg.invalid(key, m)),
-            _ => Err(cfg.invalid(
-                key,
-                "give exactly one of `header = \"...\"` or `json = \"/pointer\"`",
-            )),
-        }
-    }
-
     /// A JSON pointer field; the pointer must be empty or start with `/`.
     pub fn json(pointer: &str) -> Result<Field, String> {
         if pointer.is_empty() || pointer.starts_with('/') {
@@ -140,94 +122,6 @@ impl TopicSpec {
         }
         Ok(())
     }
-
-    pub(crate) fn from_config(
-        t: &TopicConfig,
-        idx: usize,
-        cfg: &Config,
-    ) -> Result<Self, ConfigError> {
-        let at = |k: &str| format!("topic[{idx}].{k}");
-        let key = match (&t.key, &t.key_header) {
-            (Some(_), Some(_)) => {
-                return Err(cfg.invalid(at("key"), "give `key` or `key_header`, not both"));
-            }
-            (Some(p), None) => Some(Field::json(p).map_err(|m| cfg.invalid(at("key"), m))?),
-            (None, Some(h)) => Some(Field::from_config(
-                &FieldConfig {
-                    header: Some(h.clone()),
-                    json: None,
-                },
-                &at("key_header"),
-                cfg,
-            )?),
-            (None, None) => None,
-        };
-        let mode = match t.mode {
-            ModeName::Single => Mode::Single,
-            ModeName::Sequential => Mode::Sequential {
-                on_dead: match t.on_dead {
-                    OnDeadName::Block => OnDead::Block,
-                    OnDeadName::Skip => OnDead::Skip,
-                },
-            },
-            ModeName::Batch => {
-                let b = t.batch.clone().unwrap_or(crate::config::BatchConfig {
-                    max_size: None,
-                    max_wait: None,
-                    schedule: None,
-                    group_by: None,
-                });
-                let d = BatchSettings::default();
-                Mode::Batch(BatchSettings {
-                    max_size: b.max_size.unwrap_or(d.max_size).max(1),
-                    max_wait: b.max_wait.unwrap_or(d.max_wait),
-                    schedule: b.schedule,
-                    group_by: b.group_by,
-                })
-            }
-        };
-        if t.batch.is_some() && t.mode != ModeName::Batch {
-            return Err(cfg.invalid(
-                at("batch"),
-                "only batch topics take `batch = {...}` (set mode = \"batch\")",
-            ));
-        }
-        let lease = t.lease.unwrap_or(t.timeout + Duration::from_secs(5));
-        let spec = TopicSpec {
-            name: t.name.clone(),
-            mode,
-            key,
-            default_key: t.default_key.clone(),
-            concurrency: t.concurrency,
-            retry: retry_policy(&t.retry).map_err(|m| cfg.invalid(at("retry.schedule"), m))?,
-            timeout: t.timeout,
-            lease,
-        };
-        spec.validate()
-            .map_err(|m| cfg.invalid(format!("topic[{idx}]"), m))?;
-        Ok(spec)
-    }
-}
-
-fn retry_policy(r: &RetryConfig) -> Result<RetryPolicy, String> {
-    let backoff = match &r.schedule {
-        Some(steps) => Backoff::Schedule(
-            steps
-                .iter()
-                .map(|s| duration::parse(s).map_err(|e| e.to_string()))
-                .collect::<Result<_, _>>()?,
-        ),
-        None => Backoff::Exponential {
-            base: r.base,
-            factor: r.factor,
-            max_delay: r.max_delay,
-            jitter: r.jitter,
-        },
-    };
-    Ok(RetryPolicy {
-        max_attempts: r.max_attempts,
-        backoff,
-    })
 }
 
 /// A webhook source's settings.
@@ -302,49 +196,6 @@ impl SourceSpec {
             rate_limit: None,
         }
     }
-
-    pub(crate) fn from_config(
-        s: &crate::config::SourceConfig,
-        idx: usize,
-        cfg: &Config,
-    ) -> Result<Self, ConfigError> {
-        let at = |k: &str| format!("source[{idx}].{k}");
-        if s.name.is_empty()
-            || !s
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(cfg.invalid(
-                at("name"),
-                "use letters, digits, '-', '_' or '.' (it is a URL segment)",
-            ));
-        }
-        let field = |f: &Option<FieldConfig>, k: &str| {
-            f.as_ref()
-                .map(|f| Field::from_config(f, &at(k), cfg))
-                .transpose()
-        };
-        let mut spec = SourceSpec {
-            name: s.name.clone(),
-            topic: s.topic.clone().unwrap_or_else(|| s.name.clone()),
-            id: field(&s.id, "id")?.into_iter().collect(),
-            event_type: field(&s.event_type, "type")?,
-            key: field(&s.key, "key")?,
-            verifier: None,
-            max_body: s.max_body.map(|b| b.0).unwrap_or(DEFAULT_MAX_BODY),
-            rate_limit: s
-                .rate_limit
-                .as_deref()
-                .map(|r| r.parse().map_err(|m| cfg.invalid(at("rate_limit"), m)))
-                .transpose()?,
-        };
-        if spec.max_body == 0 {
-            return Err(cfg.invalid(at("max_body"), "must be more than 0"));
-        }
-        crate::intake::verify::configure(&mut spec, s, &at, cfg)?;
-        Ok(spec)
-    }
 }
 
 #[cfg(test)]
@@ -364,116 +215,5 @@ mod tests {
         for bad in ["", "1000", "0/s", "-1/s", "x/s", "10/d", "1.5/s"] {
             assert!(bad.parse::<RateLimit>().is_err(), "{bad:?}");
         }
-    }
-
-    fn topology(toml: &str) -> Result<Topology, String> {
-        let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
-        Topology::from_config(&config).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn alert_thresholds_become_rules_and_bad_ones_are_named() {
-        let t = topology(
-            "[alerts]\ndead_letter_depth = 10\nbacklog = 1000\nfailure_rate = 0.05\nprocessing_time = \"5s\"\n",
-        )
-        .unwrap();
-        assert_eq!(
-            t.alerts,
-            mailroom_core::AlertRules {
-                dead_letter_depth: Some(10),
-                backlog: Some(1000),
-                failure_rate: Some(0.05),
-                processing_time: Some(Duration::from_secs(5)),
-            }
-        );
-        assert!(!topology("").unwrap().alerts.any());
-        for bad in ["0", "1.5", "-0.1", "nan"] {
-            let err = topology(&format!("[alerts]\nfailure_rate = {bad}\n"))
-                .map(|_| ())
-                .unwrap_err();
-            assert!(err.contains("alerts.failure_rate"), "{bad}: {err}");
-        }
-        let err = topology("[alerts]\nprocessing_time = \"0s\"\n")
-            .map(|_| ())
-            .unwrap_err();
-        assert!(err.contains("alerts.processing_time"), "{err}");
-    }
-}
-
-/// Everything a configuration declares, validated and built (handlers
-/// included), without a store: what `Engine::from_config` assembles and what
-/// `mailroom config check` inspects.
-#[derive(Debug)]
-pub struct Topology {
-    /// Topics, each with its built-in handler (`None`: pulled).
-    pub topics: Vec<(TopicSpec, Option<SharedHandler>)>,
-    /// Webhook sources.
-    pub sources: Vec<SourceSpec>,
-    /// Retention windows.
-    pub retention: mailroom_core::Retention,
-    /// Alert thresholds.
-    pub alerts: mailroom_core::AlertRules,
-}
-
-impl Topology {
-    /// Validates `config` and builds its topics, handlers and sources; the
-    /// first problem is an error naming its key.
-    pub fn from_config(config: &Config) -> Result<Topology, ConfigError> {
-        if config.amqp.is_some() {
-            return Err(config.invalid("amqp", "AMQP topology is not available in this build yet"));
-        }
-        let mut topics = Vec::new();
-        for (i, t) in config.topics.iter().enumerate() {
-            let spec = TopicSpec::from_config(t, i, config)?;
-            if let Mode::Batch(b) = &spec.mode
-                && let Some(s) = &b.schedule
-            {
-                mailroom_core::cron::Cron::parse(s).map_err(|e| {
-                    config.invalid(format!("topic[{i}].batch.schedule"), e.to_string())
-                })?;
-            }
-            let handler = match &t.handler {
-                Some(h) => crate::handler_config::build(h, &spec, i, config)?,
-                None => None,
-            };
-            topics.push((spec, handler));
-        }
-        let mut sources = Vec::new();
-        for (i, s) in config.sources.iter().enumerate() {
-            if s.amqp.is_some() {
-                return Err(config.invalid(
-                    format!("source[{i}].amqp"),
-                    "AMQP sources are not available in this build yet",
-                ));
-            }
-            sources.push(SourceSpec::from_config(s, i, config)?);
-        }
-        let a = &config.alerts;
-        if let Some(rate) = a.failure_rate
-            && !(rate > 0.0 && rate <= 1.0)
-        {
-            return Err(config.invalid(
-                "alerts.failure_rate",
-                format!("a share of attempts in (0, 1], e.g. 0.05 for 5%; got {rate}"),
-            ));
-        }
-        if a.processing_time.is_some_and(|d| d.is_zero()) {
-            return Err(config.invalid("alerts.processing_time", "must be more than 0"));
-        }
-        Ok(Topology {
-            topics,
-            sources,
-            alerts: mailroom_core::AlertRules {
-                dead_letter_depth: a.dead_letter_depth,
-                backlog: a.backlog,
-                failure_rate: a.failure_rate,
-                processing_time: a.processing_time,
-            },
-            retention: mailroom_core::Retention {
-                done: config.retention.done,
-                dead: config.retention.dead,
-                dedup: config.retention.dedup,
-            },
-        })
     }
 }

@@ -276,14 +276,25 @@ async fn http_batches_are_json_arrays_and_may_fail_some_ids() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let store = store(&dir).await;
-    let text = format!(
-        "[[topic]]\nname = \"reports\"\nmode = \"batch\"\nbatch = {{ max_size = 50, max_wait = \"200ms\", group_by = \"/shop\" }}\n\
-         retry = {{ max_attempts = 3, schedule = [\"50ms\"] }}\nhandler = {{ http = {{ url = \"http://{addr}/batch\" }} }}\n"
-    );
-    let config =
-        mailroom::config::Config::from_toml("test.toml", &text, &|_| None).expect("config");
-    let engine = Engine::from_config(&config, store.clone())
-        .expect("config ok")
+    let handler =
+        mailroom::handler::http::HttpHandler::new(mailroom::handler::http::HttpHandlerSettings {
+            url: format!("http://{addr}/batch").parse().expect("url"),
+            timeout: Duration::from_secs(30),
+            secret: None,
+            headers: Default::default(),
+            permanent_statuses: vec![410],
+        })
+        .expect("http handler");
+    let mut topic = batch_topic(BatchSettings {
+        max_size: 50,
+        max_wait: Duration::from_millis(200),
+        schedule: None,
+        group_by: Some("/shop".into()),
+    });
+    topic.retry.max_attempts = 3;
+    let engine = Engine::builder(store.clone())
+        .topic(topic)
+        .handler("reports", Arc::new(handler))
         .build()
         .expect("engine");
     for i in 0..6 {

@@ -1,8 +1,7 @@
 //! The `command` handler, configured from TOML: stdin, environment, exit codes.
 
 use crate::support::{Db, outcomes, start_with};
-use mailroom::Engine;
-use mailroom::config::Config;
+use mailroom_config::{Config, Topology};
 use mailroom_server::ServerOptions;
 use serde_json::json;
 use std::time::Duration;
@@ -44,8 +43,9 @@ handler = {{ command = ["sh", "-c", {script}, {prefix}] }}
     );
     let config = Config::from_toml("mailroom.toml", &config_text, &|_| None).expect("config");
     let server = start_with(db, "127.0.0.1:0", ServerOptions::default(), |store| {
-        Engine::from_config(&config, store)
-            .expect("engine from config")
+        Topology::from_config(&config)
+            .expect("topology from config")
+            .into_builder(store)
             .poll_interval(Duration::from_millis(200))
     })
     .await;

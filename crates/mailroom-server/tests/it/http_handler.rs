@@ -7,8 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use bytes::Bytes;
-use mailroom::Engine;
-use mailroom::config::Config;
+use mailroom_config::{Config, Topology};
 use mailroom_server::ServerOptions;
 use mailroom_signatures::{DEFAULT_TOLERANCE, Scheme, Verifier};
 use std::sync::{Arc, Mutex};
@@ -137,8 +136,9 @@ handler = {{ http = {{ url = "{receiver}/gone" }} }}
         "127.0.0.1:0",
         ServerOptions::default(),
         |store| {
-            Engine::from_config(&config, store)
-                .expect("engine from config")
+            Topology::from_config(&config)
+                .expect("topology from config")
+                .into_builder(store)
                 .poll_interval(Duration::from_millis(200))
         },
     )

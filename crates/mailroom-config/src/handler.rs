@@ -1,14 +1,15 @@
 //! Builds a topic's built-in handler from `handler = {...}`.
 
-use crate::config::{Config, ConfigError, HandlerConfig};
-use crate::handler::SharedHandler;
-use crate::handler::command::CommandHandler;
-use crate::handler::http::{HttpHandler, HttpHandlerSettings};
-use crate::topology::TopicSpec;
+use crate::error::ConfigError;
+use crate::file::{Config, HandlerConfig};
+use mailroom::TopicSpec;
+use mailroom::handler::SharedHandler;
+use mailroom::handler::command::CommandHandler;
+use mailroom::handler::http::{HttpHandler, HttpHandlerSettings};
 use std::sync::Arc;
 
-/// `Ok(None)` for pull topics.
-pub(crate) fn build(
+/// The built-in handler of `topic[idx]`; `Ok(None)` for pull topics.
+pub(crate) fn handler(
     h: &HandlerConfig,
     topic: &TopicSpec,
     idx: usize,

@@ -1,0 +1,33 @@
+//! Why a configuration was refused: always the file, the key and what is wrong.
+
+/// A configuration error, naming where it is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{file}: not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        file: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A key has a wrong value, or is unknown.
+    #[error("{file}: {key}: {message}")]
+    Invalid {
+        /// The file (or `environment`).
+        file: String,
+        /// Dotted key path, e.g. `topic[0].retry.base`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,36 @@
+//! # mailroom-config
+//!
+//! `mailroom.toml`, the file format of SPEC §9, kept outside the runtime:
+//!
+//! 1. [`file`]: the serde types, one per table, unknown keys refused;
+//! 2. [`Config::load`]: documented defaults → the file → `MAILROOM_*`
+//!    environment overrides, with `${VAR}` interpolation in every string;
+//! 3. [`Topology::from_config`]: the parsed file turned into the runtime's
+//!    specs ([`mailroom::TopicSpec`], [`mailroom::SourceSpec`], retention,
+//!    alerts) and built-in handlers, then [`Topology::into_builder`] an
+//!    [`mailroom::EngineBuilder`].
+//!
+//! Every error ([`ConfigError`]) names the file, the key path
+//! (`topic[0].retry.base`) and what is wrong; `serve` refuses to start on
+//! any of them.
+//!
+//! ```
+//! let text = "[[topic]]\nname = \"emails\"\nhandler = { command = [\"true\"] }\n";
+//! let config = mailroom_config::Config::from_toml("mailroom.toml", text, &|_| None)?;
+//! let topology = mailroom_config::Topology::from_config(&config)?;
+//! assert_eq!(topology.topics[0].0.name, "emails");
+//! # Ok::<(), mailroom_config::ConfigError>(())
+//! ```
+
+mod error;
+pub mod file;
+mod handler;
+mod load;
+mod source;
+mod topic;
+mod topology;
+
+pub use error::ConfigError;
+pub use file::Config;
+pub use load::locate;
+pub use topology::Topology;

@@ -1,0 +1,106 @@
+//! `[[topic]]` → [`TopicSpec`].
+
+use crate::error::ConfigError;
+use crate::file::FieldConfig;
+use crate::file::{BatchConfig, Config, ModeName, OnDeadName, RetryConfig, TopicConfig};
+use crate::source::field;
+use mailroom::{Backoff, BatchSettings, Field, Mode, OnDead, RetryPolicy, TopicSpec, duration};
+use std::time::Duration;
+
+/// The spec of `topic[idx]`, validated.
+pub(crate) fn topic_spec(
+    t: &TopicConfig,
+    idx: usize,
+    cfg: &Config,
+) -> Result<TopicSpec, ConfigError> {
+    let at = |k: &str| format!("topic[{idx}].{k}");
+    let key = match (&t.key, &t.key_header) {
+        (Some(_), Some(_)) => {
+            return Err(cfg.invalid(at("key"), "give `key` or `key_header`, not both"));
+        }
+        (Some(p), None) => Some(Field::json(p).map_err(|m| cfg.invalid(at("key"), m))?),
+        (None, Some(h)) => Some(field(
+            &FieldConfig {
+                header: Some(h.clone()),
+                json: None,
+            },
+            &at("key_header"),
+            cfg,
+        )?),
+        (None, None) => None,
+    };
+    if t.batch.is_some() && t.mode != ModeName::Batch {
+        return Err(cfg.invalid(
+            at("batch"),
+            "only batch topics take `batch = {...}` (set mode = \"batch\")",
+        ));
+    }
+    let lease = t.lease.unwrap_or(t.timeout + Duration::from_secs(5));
+    let spec = TopicSpec {
+        name: t.name.clone(),
+        mode: mode(t),
+        key,
+        default_key: t.default_key.clone(),
+        concurrency: t.concurrency,
+        retry: retry_policy(&t.retry).map_err(|m| cfg.invalid(at("retry.schedule"), m))?,
+        timeout: t.timeout,
+        lease,
+    };
+    spec.validate()
+        .map_err(|m| cfg.invalid(format!("topic[{idx}]"), m))?;
+    if let Mode::Batch(b) = &spec.mode
+        && let Some(s) = &b.schedule
+    {
+        mailroom::cron::Cron::parse(s)
+            .map_err(|e| cfg.invalid(at("batch.schedule"), e.to_string()))?;
+    }
+    Ok(spec)
+}
+
+fn mode(t: &TopicConfig) -> Mode {
+    match t.mode {
+        ModeName::Single => Mode::Single,
+        ModeName::Sequential => Mode::Sequential {
+            on_dead: match t.on_dead {
+                OnDeadName::Block => OnDead::Block,
+                OnDeadName::Skip => OnDead::Skip,
+            },
+        },
+        ModeName::Batch => {
+            let b = t.batch.clone().unwrap_or(BatchConfig {
+                max_size: None,
+                max_wait: None,
+                schedule: None,
+                group_by: None,
+            });
+            let d = BatchSettings::default();
+            Mode::Batch(BatchSettings {
+                max_size: b.max_size.unwrap_or(d.max_size).max(1),
+                max_wait: b.max_wait.unwrap_or(d.max_wait),
+                schedule: b.schedule,
+                group_by: b.group_by,
+            })
+        }
+    }
+}
+
+fn retry_policy(r: &RetryConfig) -> Result<RetryPolicy, String> {
+    let backoff = match &r.schedule {
+        Some(steps) => Backoff::Schedule(
+            steps
+                .iter()
+                .map(|s| duration::parse(s).map_err(|e| e.to_string()))
+                .collect::<Result<_, _>>()?,
+        ),
+        None => Backoff::Exponential {
+            base: r.base,
+            factor: r.factor,
+            max_delay: r.max_delay,
+            jitter: r.jitter,
+        },
+    };
+    Ok(RetryPolicy {
+        max_attempts: r.max_attempts,
+        backoff,
+    })
+}

@@ -1,0 +1,144 @@
+//! A whole [`Config`] turned into the runtime's validated specs and built-in
+//! handlers: what `serve` hands to the engine and `mailroom config check`
+//! prints.
+
+use crate::error::ConfigError;
+use crate::file::Config;
+use crate::handler::handler;
+use crate::source::source_spec;
+use crate::topic::topic_spec;
+use mailroom::handler::SharedHandler;
+use mailroom::{AlertRules, EngineBuilder, Retention, SourceSpec, Store, TopicSpec};
+use std::sync::Arc;
+
+/// Everything a configuration declares, validated and built (handlers
+/// included), without a store.
+#[derive(Debug)]
+pub struct Topology {
+    /// Topics, each with its built-in handler (`None`: pulled).
+    pub topics: Vec<(TopicSpec, Option<SharedHandler>)>,
+    /// Webhook sources.
+    pub sources: Vec<SourceSpec>,
+    /// Retention windows.
+    pub retention: Retention,
+    /// Alert thresholds.
+    pub alerts: AlertRules,
+}
+
+impl Topology {
+    /// Validates `config` and builds its topics, handlers and sources; the
+    /// first problem is an error naming its key.
+    pub fn from_config(config: &Config) -> Result<Topology, ConfigError> {
+        if config.amqp.is_some() {
+            return Err(config.invalid("amqp", "AMQP topology is not available in this build yet"));
+        }
+        let mut topics = Vec::new();
+        for (i, t) in config.topics.iter().enumerate() {
+            let spec = topic_spec(t, i, config)?;
+            let handler = match &t.handler {
+                Some(h) => handler(h, &spec, i, config)?,
+                None => None,
+            };
+            topics.push((spec, handler));
+        }
+        let mut sources = Vec::new();
+        for (i, s) in config.sources.iter().enumerate() {
+            if s.amqp.is_some() {
+                return Err(config.invalid(
+                    format!("source[{i}].amqp"),
+                    "AMQP sources are not available in this build yet",
+                ));
+            }
+            sources.push(source_spec(s, i, config)?);
+        }
+        Ok(Topology {
+            topics,
+            sources,
+            alerts: alert_rules(config)?,
+            retention: Retention {
+                done: config.retention.done,
+                dead: config.retention.dead,
+                dedup: config.retention.dedup,
+            },
+        })
+    }
+
+    /// An engine builder over `store` holding these topics (with their
+    /// built-in handlers), sources, retention and alert thresholds.
+    pub fn into_builder(self, store: Arc<dyn Store>) -> EngineBuilder {
+        let mut b = mailroom::Engine::builder(store)
+            .retention(self.retention)
+            .alerts(self.alerts);
+        for (spec, handler) in self.topics {
+            if let Some(h) = handler {
+                b = b.handler(spec.name.clone(), h);
+            }
+            b = b.topic(spec);
+        }
+        for s in self.sources {
+            b = b.source(s);
+        }
+        b
+    }
+}
+
+fn alert_rules(config: &Config) -> Result<AlertRules, ConfigError> {
+    let a = &config.alerts;
+    if let Some(rate) = a.failure_rate
+        && !(rate > 0.0 && rate <= 1.0)
+    {
+        return Err(config.invalid(
+            "alerts.failure_rate",
+            format!("a share of attempts in (0, 1], e.g. 0.05 for 5%; got {rate}"),
+        ));
+    }
+    if a.processing_time.is_some_and(|d| d.is_zero()) {
+        return Err(config.invalid("alerts.processing_time", "must be more than 0"));
+    }
+    Ok(AlertRules {
+        dead_letter_depth: a.dead_letter_depth,
+        backlog: a.backlog,
+        failure_rate: a.failure_rate,
+        processing_time: a.processing_time,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn topology(toml: &str) -> Result<Topology, String> {
+        let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
+        Topology::from_config(&config).map_err(|e| e.to_string())
+    }
+
+    /// `[alerts]` thresholds become the engine's rules; out-of-range ones are refused by key.
+    #[test]
+    fn alert_thresholds_become_rules_and_bad_ones_are_named() {
+        let t = topology(
+            "[alerts]\ndead_letter_depth = 10\nbacklog = 1000\nfailure_rate = 0.05\nprocessing_time = \"5s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.alerts,
+            AlertRules {
+                dead_letter_depth: Some(10),
+                backlog: Some(1000),
+                failure_rate: Some(0.05),
+                processing_time: Some(Duration::from_secs(5)),
+            }
+        );
+        assert!(!topology("").unwrap().alerts.any());
+        for bad in ["0", "1.5", "-0.1", "nan"] {
+            let err = topology(&format!("[alerts]\nfailure_rate = {bad}\n"))
+                .map(|_| ())
+                .unwrap_err();
+            assert!(err.contains("alerts.failure_rate"), "{bad}: {err}");
+        }
+        let err = topology("[alerts]\nprocessing_time = \"0s\"\n")
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.contains("alerts.processing_time"), "{err}");
+    }
+}
