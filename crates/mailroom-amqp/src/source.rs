@@ -96,7 +96,16 @@ enum Verdict {
 
 impl AmqpSource {
     /// A source storing into `engine`, which must have the spec's topic.
+    ///
+    /// A prefetch of 0 (no limit in AMQP) is refused: it is also the
+    /// bound on deliveries being stored at once.
     pub fn new(engine: Engine, spec: AmqpSourceSpec) -> Result<Self> {
+        if spec.prefetch == 0 {
+            return Err(AmqpError::Invalid(format!(
+                "AMQP source {:?}: prefetch must be at least 1",
+                spec.name
+            )));
+        }
         let topic = engine.topic(&spec.topic).ok_or_else(|| {
             AmqpError::Invalid(format!(
                 "AMQP source {:?}: the engine has no topic {:?}",

@@ -43,7 +43,12 @@ pub async fn delete(conn: &Connection, queues: &[String], exchanges: &[String]) 
 
 /// A migrated SQLite store in `dir` with group commit, as `serve` opens it.
 pub async fn sqlite_store(dir: &tempfile::TempDir) -> Arc<dyn mailroom::Store> {
-    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    sqlite_at(&dir.path().join("m.db")).await
+}
+
+/// A migrated SQLite store at `path`, with group commit.
+pub async fn sqlite_at(path: &std::path::Path) -> Arc<dyn mailroom::Store> {
+    let url = format!("sqlite://{}", path.display());
     let store = mailroom::open_store(&url, true).await.expect("open");
     store.migrate().await.expect("migrate");
     store

@@ -1,4 +1,4 @@
-use crate::{connect, delete, drain, eventually, ready, sqlite_store, unique};
+use crate::{connect, delete, drain, eventually, ready, sqlite_at, sqlite_store, unique};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
@@ -66,11 +66,14 @@ async fn publish(
     ch.wait_for_confirms().await.expect("confirmed");
 }
 
-/// Runs `source` on a channel of its own until the returned token is cancelled.
+/// Runs a source of `engine` with `spec` on a channel of its own until the
+/// returned token is cancelled.
 async fn start(
     conn: &Connection,
-    source: AmqpSource,
+    engine: &Engine,
+    spec: AmqpSourceSpec,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let source = AmqpSource::new(engine.clone(), spec).expect("source");
     let stop = CancellationToken::new();
     let token = stop.clone();
     let ch = conn.create_channel().await.expect("channel");
@@ -82,6 +85,22 @@ async fn start(
         ch.close(200, "OK".into()).await.expect("close");
     });
     (stop, task)
+}
+
+/// Waits up to `secs` seconds until exactly `n` events are stored.
+async fn wait_stored(engine: &Engine, n: u64, secs: u64) {
+    eventually(secs, &format!("{n} events are stored"), || async {
+        stored(engine).await == n
+    })
+    .await;
+}
+
+/// Waits until `queue` has no ready message.
+async fn wait_drained(conn: &Connection, queue: &str) {
+    eventually(10, "the queue is drained", || async {
+        ready(conn, queue).await == 0
+    })
+    .await;
 }
 
 async fn stored(engine: &Engine) -> u64 {
@@ -115,19 +134,9 @@ async fn repeated_message_ids_are_stored_once_and_every_delivery_is_acked() {
     let mut spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
     spec.prefetch = 100;
     let started = Instant::now();
-    let (stop, task) = start(
-        &conn,
-        AmqpSource::new(engine.clone(), spec).expect("source"),
-    )
-    .await;
-    eventually(120, "9,000 events are stored", || async {
-        stored(&engine).await == 9_000
-    })
-    .await;
-    eventually(10, "the queue is drained", || async {
-        ready(&conn, &queue).await == 0
-    })
-    .await;
+    let (stop, task) = start(&conn, &engine, spec).await;
+    wait_stored(&engine, 9_000, 120).await;
+    wait_drained(&conn, &queue).await;
     let took = started.elapsed();
     stop.cancel();
     task.await.expect("consumer task");
@@ -166,17 +175,11 @@ async fn unidentifiable_messages_end_in_the_dead_letter_queue() {
 
     let (stop, task) = start(
         &conn,
-        AmqpSource::new(
-            engine.clone(),
-            AmqpSourceSpec::new("rabbit", "inbound", &queue),
-        )
-        .expect("source"),
+        &engine,
+        AmqpSourceSpec::new("rabbit", "inbound", &queue),
     )
     .await;
-    eventually(10, "the good message is stored", || async {
-        stored(&engine).await == 1
-    })
-    .await;
+    wait_stored(&engine, 1, 10).await;
     let dlq = format!("{queue}.dlq");
     eventually(10, "two messages are dead-lettered", || async {
         ready(&conn, &dlq).await == 2
@@ -224,15 +227,8 @@ async fn ids_come_from_properties_else_from_the_envelope() {
 
     let mut spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
     spec.key = Some(mailroom::Field::Json("/data/order/customer".into()));
-    let (stop, task) = start(
-        &conn,
-        AmqpSource::new(engine.clone(), spec).expect("source"),
-    )
-    .await;
-    eventually(10, "both are stored", || async {
-        stored(&engine).await == 2
-    })
-    .await;
+    let (stop, task) = start(&conn, &engine, spec).await;
+    wait_stored(&engine, 2, 10).await;
     stop.cancel();
     task.await.expect("consumer task");
 
@@ -320,11 +316,8 @@ async fn deliveries_are_requeued_while_the_store_cannot_commit() {
         messages,
     )
     .await;
-    let source = AmqpSource::new(
-        engine.clone(),
-        AmqpSourceSpec::new("rabbit", "inbound", &queue),
-    );
-    let (stop, task) = start(&conn, source.expect("source")).await;
+    let spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
+    let (stop, task) = start(&conn, &engine, spec).await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(stored(&engine).await, 0, "nothing could commit");
     assert_eq!(
@@ -334,16 +327,92 @@ async fn deliveries_are_requeued_while_the_store_cannot_commit() {
     );
 
     lock.execute_batch("COMMIT").expect("release");
-    eventually(5, "all 20 are stored", || async {
-        stored(&engine).await == 20
-    })
-    .await;
-    eventually(10, "the queue is drained", || async {
-        ready(&conn, &queue).await == 0
-    })
-    .await;
+    wait_stored(&engine, 20, 5).await;
+    wait_drained(&conn, &queue).await;
     stop.cancel();
     task.await.expect("consumer task");
     assert_eq!(ready(&conn, &queue).await, 0, "every delivery was acked");
+    cleanup(&conn, &queue).await;
+}
+
+/// Where [`consumer_process`] finds its store and queue.
+const CHILD_DB: &str = "MAILROOM_AMQP_TEST_CHILD_DB";
+const CHILD_QUEUE: &str = "MAILROOM_AMQP_TEST_CHILD_QUEUE";
+
+/// Not a test by itself: the consumer process that
+/// `a_consumer_killed_mid_stream_loses_nothing` starts and kills with
+/// SIGKILL. Without its environment it returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "started as a child process by a_consumer_killed_mid_stream_loses_nothing"]
+async fn consumer_process() {
+    let (Ok(db), Ok(queue)) = (std::env::var(CHILD_DB), std::env::var(CHILD_QUEUE)) else {
+        return;
+    };
+    let engine = Engine::builder(sqlite_at(std::path::Path::new(&db)).await)
+        .topic(TopicSpec::new("inbound"))
+        .build()
+        .expect("engine");
+    let mut spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
+    spec.prefetch = 100;
+    let conn = connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let source = AmqpSource::new(engine, spec).expect("source");
+    source
+        .consume(&ch, &CancellationToken::new())
+        .await
+        .expect("consume");
+}
+
+/// Ack after commit under a crash: a consumer process is killed with
+/// SIGKILL while storing 5,000 messages at full speed. Right after, every
+/// message is stored or back in the queue (none was acked unstored); a new
+/// consumer then stores the rest, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_stream_loses_nothing() {
+    let (dir, engine, conn, queue) = setup("killed").await;
+    let messages = (0..5_000).map(|i| {
+        let props = BasicProperties::default().with_message_id(format!("k-{i}").into());
+        (props, format!("{{\"i\":{i}}}").into_bytes())
+    });
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        messages,
+    )
+    .await;
+
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["source::consumer_process", "--exact", "--ignored"])
+        .env(CHILD_DB, dir.path().join("m.db"))
+        .env(CHILD_QUEUE, &queue)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the consumer process");
+    eventually(60, "the child has stored 1,000", || async {
+        stored(&engine).await >= 1_000
+    })
+    .await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+
+    let at_kill = stored(&engine).await;
+    eventually(10, "the broker has requeued the unacked", || async {
+        u64::from(ready(&conn, &queue).await) + at_kill >= 5_000
+    })
+    .await;
+    assert!(at_kill < 5_000, "killed mid-stream ({at_kill} stored)");
+    println!("{at_kill} stored when the consumer was killed");
+
+    let (stop, task) = start(
+        &conn,
+        &engine,
+        AmqpSourceSpec::new("rabbit", "inbound", &queue),
+    )
+    .await;
+    wait_stored(&engine, 5_000, 60).await;
+    wait_drained(&conn, &queue).await;
+    stop.cancel();
+    task.await.expect("consumer task");
+    assert_eq!(stored(&engine).await, 5_000);
     cleanup(&conn, &queue).await;
 }
