@@ -254,7 +254,7 @@ async fn run_on(
     while all.len() < instances {
         all.push(instance(s, mode, fresh, all.len()).await?);
     }
-    let store = all[0].engine.store().clone();
+    let store = all[0].opened.store();
 
     // Drain.
     let total_handled = || -> u64 { all.iter().map(|i| i.handled.load(Ordering::Relaxed)).sum() };

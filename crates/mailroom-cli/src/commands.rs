@@ -82,7 +82,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Events { command } => {
             let config = load_config(&cli)?;
-            let store = open(&config).await?;
+            let engine = offline_engine(&config).await?;
             match command {
                 EventsCommand::List {
                     topic,
@@ -98,7 +98,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                         limit: (*limit).clamp(1, 1000),
                         cursor: cursor.as_deref().map(parse_id).transpose()?.map(KeyCursor),
                     };
-                    let page = store.list(&filter).await?;
+                    let page = engine.list(&filter).await?;
                     let next = page.next_cursor.map(|c| c.0.to_string());
                     if json {
                         let events: Vec<_> = page.events.iter().map(|e| e.to_json(false)).collect();
@@ -145,7 +145,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
                 EventsCommand::Show { id } => {
-                    let event = store
+                    let event = engine
                         .get(parse_id(id)?)
                         .await?
                         .with_context(|| format!("no event {id}"))?;
@@ -216,15 +216,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Purge { older_than } => {
             let config = load_config(&cli)?;
             let d = mailroom::duration::parse(older_than)?;
-            let store = open(&config).await?;
+            let engine = offline_engine(&config).await?;
             eprintln!("purging finished events older than {older_than}…");
-            let report = store
-                .purge(Retention {
-                    done: d,
-                    dead: d,
-                    dedup: config.retention.dedup.max(d),
-                })
-                .await?;
+            let report = engine.purge(d).await?;
             if json {
                 outln!(
                     "{}",
@@ -234,7 +228,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                 outln!(
                     "payloads dropped: {}, rows deleted (past the dedup window of {}): {}",
                     report.payloads_dropped,
-                    mailroom::duration::format(config.retention.dedup.max(d)),
+                    mailroom::duration::format(engine.retention().dedup.max(d)),
                     report.rows_deleted
                 );
             }

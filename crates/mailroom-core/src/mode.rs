@@ -26,6 +26,15 @@ impl Mode {
             Mode::Batch(_) => "batch",
         }
     }
+
+    /// What a claim of this mode must respect per key:
+    /// [`ClaimRequest::per_key`](crate::ClaimRequest::per_key).
+    pub fn per_key(&self) -> Option<OnDead> {
+        match self {
+            Mode::Sequential { on_dead } => Some(*on_dead),
+            _ => None,
+        }
+    }
 }
 
 /// What a dead head of a sequential key does.

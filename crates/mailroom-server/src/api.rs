@@ -58,7 +58,7 @@ async fn list(
     State(s): State<AppState>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, Problem> {
-    let page = s.engine.store().list(&filter_from(q)?).await?;
+    let page = s.engine.list(&filter_from(q)?).await?;
     Ok(Json(json!({
         "events": page.events.iter().map(|e| e.to_json(false)).collect::<Vec<_>>(),
         "next_cursor": page.next_cursor.map(|c| c.0.to_string()),
@@ -68,7 +68,6 @@ async fn list(
 async fn show(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s
         .engine
-        .store()
         .get(parse_id(&id)?)
         .await?
         .ok_or_else(|| Problem::not_found("no such event"))?;

@@ -247,7 +247,7 @@ pub(crate) async fn create(
     let inserted = s.engine.enqueue(draft).await?;
     drop(guard);
     let stored =
-        s.engine.store().get(inserted.id).await?.ok_or_else(|| {
+        s.engine.get(inserted.id).await?.ok_or_else(|| {
             Problem::unavailable("the event was stored but could not be read back")
         })?;
     if inserted.duplicate {

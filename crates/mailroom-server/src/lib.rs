@@ -111,8 +111,8 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn ready(State(s): State<AppState>) -> impl IntoResponse {
-    match s.engine.store().now().await {
-        Ok(_) => (StatusCode::OK, "ready").into_response(),
+    match s.engine.ready().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
         Err(e) => problem::Problem::unavailable(format!("store unreachable: {e}")).into_response(),
     }
 }

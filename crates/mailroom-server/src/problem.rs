@@ -3,8 +3,8 @@
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
-use mailroom::StoreError;
 use mailroom::intake::IntakeError;
+use mailroom::{ClaimError, StoreError};
 
 /// An error answer.
 #[derive(Debug)]
@@ -100,6 +100,18 @@ impl From<StoreError> for Problem {
                     "the store is unavailable; the event may not have been stored, so retry (a repeat is deduplicated)",
                 )
             }
+        }
+    }
+}
+
+impl From<ClaimError> for Problem {
+    fn from(e: ClaimError) -> Self {
+        match e {
+            ClaimError::NotPullTopic(_) => {
+                Problem::new(StatusCode::CONFLICT, "Conflict", e.to_string())
+            }
+            ClaimError::Store(s) => s.into(),
+            other => Problem::bad_request(other.to_string()),
         }
     }
 }

@@ -8,8 +8,7 @@ use crate::problem::Problem;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
-use http::StatusCode;
-use mailroom::{ClaimRequest, EventId, FencingToken, Mode, Outcome, duration};
+use mailroom::{EventId, FencingToken, Outcome, duration};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -70,32 +69,13 @@ async fn claim(
     body: Option<Json<ClaimBody>>,
 ) -> Result<Json<Value>, Problem> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
-    if s.engine.has_handler(&topic) {
-        return Err(Problem::new(
-            StatusCode::CONFLICT,
-            "Conflict",
-            format!("topic {topic:?} has a built-in handler; only pull topics can be claimed"),
-        ));
-    }
-    let spec = s.engine.topic(&topic);
-    let lease = match &b.lease {
-        Some(l) => l.parse()?,
-        None => spec.map_or(Duration::from_secs(35), |t| t.lease),
-    };
-    let req = ClaimRequest {
-        topic: topic.clone(),
-        worker: b
-            .worker
-            .filter(|w| !w.is_empty() && w.len() <= 128)
-            .unwrap_or_else(|| "pull".into()),
-        max: b.max.unwrap_or(1).clamp(1, MAX_CLAIM),
-        lease,
-        per_key: match spec.map(|t| &t.mode) {
-            Some(Mode::Sequential { on_dead }) => Some(*on_dead),
-            _ => None,
-        },
-    };
-    let claimed = s.engine.store().claim(&req).await?;
+    let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
+    let worker = b
+        .worker
+        .filter(|w| !w.is_empty() && w.len() <= 128)
+        .unwrap_or_else(|| "pull".into());
+    let max = b.max.unwrap_or(1).clamp(1, MAX_CLAIM);
+    let claimed = s.engine.claim(&topic, max, lease, &worker).await?;
     let events: Vec<Value> = claimed
         .iter()
         .map(|c| {
@@ -184,15 +164,8 @@ async fn extend(
     Json(b): Json<ExtendBody>,
 ) -> Result<Json<Value>, Problem> {
     let id = parse_id(&id)?;
-    let lease = match &b.lease {
-        Some(l) => l.parse()?,
-        None => Duration::from_secs(35),
-    };
-    let until = s
-        .engine
-        .store()
-        .extend(id, FencingToken(b.token), lease)
-        .await?;
+    let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
+    let until = s.engine.extend(id, FencingToken(b.token), lease).await?;
     Ok(Json(
         json!({ "id": id.to_string(), "lease_until": until.to_string() }),
     ))

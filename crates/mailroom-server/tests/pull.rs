@@ -214,3 +214,136 @@ async fn topics_with_a_handler_are_not_pullable() {
     assert_eq!(status, 409);
     shutdown.cancel();
 }
+
+/// One Prometheus recorder for this test binary (a recorder is process-global).
+fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE.get_or_init(|| {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("install the recorder")
+    })
+}
+
+/// Starts a server over one pull topic, `spec`, with `/metrics` served.
+async fn start_pull(spec: TopicSpec) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let store = mailroom::open_store(&url, true).await.expect("open");
+    store.migrate().await.expect("migrate");
+    let engine = Engine::builder(store).topic(spec).build().expect("engine");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let handle = prometheus();
+    let options = mailroom_server::ServerOptions {
+        metrics: Some(Arc::new(move || handle.render())),
+        ..Default::default()
+    };
+    let router = mailroom_server::router(engine.clone(), options);
+    tokio::spawn(mailroom_server::serve(listener, router, shutdown.clone()));
+    Server {
+        base,
+        engine,
+        shutdown,
+        _dir: dir,
+    }
+}
+
+/// The value of `mailroom_events_processed_total{topic, outcome}` in a scrape.
+fn processed(scrape: &str, topic: &str, outcome: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("mailroom_events_processed_total{"))
+        .filter(|l| l.contains(&format!("topic=\"{topic}\"")))
+        .find(|l| l.contains(&format!("outcome=\"{outcome}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A pull worker's ack and permanent nack are counted in
+/// `mailroom_events_processed_total` like a built-in handler's outcomes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_outcomes_are_counted_in_the_processing_metrics() {
+    let s = start_pull(TopicSpec::new("counted")).await;
+    for i in 0..2 {
+        s.engine
+            .enqueue(Draft::json("counted", &json!({ "i": i })))
+            .await
+            .expect("enqueue");
+    }
+    let client = reqwest::Client::new();
+    let (_, claimed) = post(
+        &client,
+        format!("{}/v1/topics/counted/claim", s.base),
+        json!({ "max": 2 }),
+    )
+    .await;
+    let events = claimed["events"].as_array().expect("events").clone();
+    assert_eq!(events.len(), 2);
+    let verdicts = [
+        ("ack", json!({ "token": events[0]["token"] })),
+        (
+            "nack",
+            json!({ "token": events[1]["token"], "permanent": true }),
+        ),
+    ];
+    for (e, (verb, body)) in events.iter().zip(verdicts) {
+        let id = e["id"].as_str().expect("id");
+        let (status, body) = post(&client, format!("{}/v1/events/{id}/{verb}", s.base), body).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let scrape = client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(processed(&scrape, "counted", "done"), Some(1.0), "{scrape}");
+    assert_eq!(processed(&scrape, "counted", "dead"), Some(1.0), "{scrape}");
+    s.shutdown.cancel();
+}
+
+/// `extend` without a lease renews the claim for the topic's lease, not a
+/// fixed 35 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_without_a_lease_uses_the_topic_lease() {
+    let s = start_pull(TopicSpec::new("long").lease(Duration::from_secs(600))).await;
+    let id = s
+        .engine
+        .enqueue(Draft::json("long", &json!({ "x": 1 })))
+        .await
+        .expect("enqueue")
+        .id;
+    let client = reqwest::Client::new();
+    let (_, claimed) = post(
+        &client,
+        format!("{}/v1/topics/long/claim", s.base),
+        json!({ "lease": "5s" }),
+    )
+    .await;
+    let token = claimed["events"][0]["token"].clone();
+    let (status, body) = post(
+        &client,
+        format!("{}/v1/events/{id}/extend", s.base),
+        json!({ "token": token }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let until: jiff::Timestamp = body["lease_until"]
+        .as_str()
+        .expect("lease_until")
+        .parse()
+        .expect("timestamp");
+    let left = until.as_second() - jiff::Timestamp::now().as_second();
+    assert!(
+        (590..=600).contains(&left),
+        "the lease ends in {left}s, not the topic's 600s"
+    );
+    s.shutdown.cancel();
+}

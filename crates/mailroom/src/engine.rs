@@ -8,13 +8,18 @@ use crate::intake::{self, IntakeError};
 use crate::topology::{SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
-use mailroom_core::{Alert, AlertRules};
+use mailroom_core::AlertRules;
 use mailroom_core::{EventId, Inserted, NewEvent, Retention, Store, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+mod admin;
+mod pull;
+
+pub use pull::ClaimError;
 
 /// Why an engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -308,11 +313,6 @@ impl Engine {
         }
     }
 
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
-    }
-
     /// A topic's settings.
     pub fn topic(&self, name: &str) -> Option<&TopicSpec> {
         self.inner.topics.get(name).map(|t| &t.spec)
@@ -423,143 +423,6 @@ impl Engine {
             .get(source)
             .map(|s| s.max_body)
             .unwrap_or(crate::topology::DEFAULT_MAX_BODY)
-    }
-
-    /// Replays one event with the topic's fresh attempt budget.
-    pub async fn replay(&self, id: EventId) -> Result<mailroom_core::Event, StoreError> {
-        let event = self
-            .inner
-            .store
-            .get(id)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let budget = self.budget(&event.topic);
-        let replayed = self.inner.store.replay(id, budget).await?;
-        self.wake(&replayed.topic);
-        Ok(replayed)
-    }
-
-    /// Replays every matching event (per topic, each with its own budget).
-    pub async fn replay_matching(
-        &self,
-        filter: &mailroom_core::ListFilter,
-    ) -> Result<u64, StoreError> {
-        let topics: Vec<String> = match &filter.topic {
-            Some(t) => vec![t.clone()],
-            None => self
-                .inner
-                .store
-                .stats()
-                .await?
-                .into_iter()
-                .map(|s| s.topic)
-                .collect(),
-        };
-        let mut total = 0;
-        for t in topics {
-            let mut f = filter.clone();
-            f.topic = Some(t.clone());
-            total += self
-                .inner
-                .store
-                .replay_matching(&f, self.budget(&t))
-                .await?;
-            self.wake(&t);
-        }
-        Ok(total)
-    }
-
-    /// Per-topic numbers, with `blocked_keys` counted only where a dead head
-    /// really blocks its key (sequential topics with `on_dead = "block"`):
-    /// the store cannot know a topic's mode.
-    pub async fn stats(&self) -> Result<Vec<mailroom_core::TopicStats>, StoreError> {
-        let mut stats = self.inner.store.stats().await?;
-        for s in &mut stats {
-            let blocks = self.inner.topics.get(&s.topic).is_some_and(|t| {
-                matches!(
-                    t.spec.mode,
-                    mailroom_core::Mode::Sequential {
-                        on_dead: mailroom_core::OnDead::Block
-                    }
-                )
-            });
-            if !blocks {
-                s.blocked_keys = 0;
-            }
-        }
-        Ok(stats)
-    }
-
-    /// The alert thresholds this engine evaluates.
-    pub fn alert_rules(&self) -> &AlertRules {
-        &self.inner.alerts
-    }
-
-    /// The alerts firing now, evaluated from the store's current numbers
-    /// (the same on every instance sharing the store).
-    pub async fn alerts(&self) -> Result<Vec<Alert>, StoreError> {
-        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, None).await
-    }
-
-    /// [`Engine::alerts`] over `stats` just read with [`Engine::stats`], so a
-    /// caller showing both reads them once.
-    pub async fn alerts_from(
-        &self,
-        stats: &[mailroom_core::TopicStats],
-    ) -> Result<Vec<Alert>, StoreError> {
-        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, Some(stats))
-            .await
-    }
-
-    /// Records a pull worker's verdict on its claim (`ack` / `nack`): the
-    /// outcome is resolved by the topic's retry policy exactly as for built-in
-    /// handlers, and stored only if `token` is still the current one.
-    pub async fn finish_claim(
-        &self,
-        id: EventId,
-        token: mailroom_core::FencingToken,
-        outcome: mailroom_core::Outcome,
-    ) -> Result<mailroom_core::Completion, StoreError> {
-        let event = self
-            .inner
-            .store
-            .get(id)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let policy = self
-            .inner
-            .topics
-            .get(&event.topic)
-            .map(|t| t.spec.retry.clone())
-            .unwrap_or_default();
-        // The claim's attempt number is its token.
-        let completion = outcome.resolve(
-            token.0,
-            event.max_attempts,
-            &policy,
-            rand::random::<f64>() * 2.0 - 1.0,
-        );
-        self.inner
-            .store
-            .complete(id, token, completion.clone())
-            .await?;
-        self.wake(&event.topic);
-        Ok(completion)
-    }
-
-    /// Skips a dead event so its key unblocks.
-    pub async fn skip(&self, id: EventId) -> Result<mailroom_core::Event, StoreError> {
-        let e = self.inner.store.skip(id).await?;
-        self.wake(&e.topic);
-        Ok(e)
-    }
-
-    fn budget(&self, topic: &str) -> u32 {
-        self.inner
-            .topics
-            .get(topic)
-            .map(|t| t.spec.retry.max_attempts)
-            .unwrap_or(mailroom_core::RetryPolicy::default().max_attempts)
     }
 
     /// Wakes a topic's loop (e.g. after an outside write).

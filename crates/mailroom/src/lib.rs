@@ -49,7 +49,7 @@ mod observe;
 mod open;
 pub mod topology;
 
-pub use engine::{BuildError, Draft, Engine, EngineBuilder};
+pub use engine::{BuildError, ClaimError, Draft, Engine, EngineBuilder};
 pub use mailroom_core::*;
 pub use open::open_store;
 pub use topology::{Field, SourceSpec, TopicSpec};

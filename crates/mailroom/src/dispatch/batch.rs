@@ -241,7 +241,7 @@ async fn deliver(
                 &topic.spec.retry,
                 spread,
             );
-            record_outcome(&c.event, &completion, elapsed);
+            record_outcome(&c.event, &completion, Some(elapsed));
             (c.event.id, c.token, completion)
         })
         .collect();

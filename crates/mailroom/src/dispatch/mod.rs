@@ -14,7 +14,7 @@ use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
 use futures::FutureExt;
 use mailroom_core::{
-    Alert, AlertKind, AlertRules, ClaimRequest, Claimed, Mode, Outcome, Result, Store, StoreError,
+    Alert, AlertKind, AlertRules, ClaimRequest, Claimed, Outcome, Result, Store, StoreError,
     TopicStats,
 };
 use std::collections::HashMap;
@@ -44,10 +44,7 @@ impl TopicRuntime {
             worker: worker.to_string(),
             max,
             lease: self.spec.lease,
-            per_key: match self.spec.mode {
-                Mode::Sequential { on_dead } => Some(on_dead),
-                _ => None,
-            },
+            per_key: self.spec.mode.per_key(),
         }
     }
 }
@@ -173,7 +170,7 @@ async fn run_attempt(
         let elapsed = started.elapsed();
         let spread = rand::random::<f64>() * 2.0 - 1.0;
         let completion = outcome.resolve(event.attempts, event.max_attempts, &topic.spec.retry, spread);
-        record_outcome(event, &completion, elapsed);
+        record_outcome(event, &completion, Some(elapsed));
         match store.complete(event.id, c.token, completion).await {
             Ok(()) => {}
             Err(StoreError::StaleToken) => {
@@ -191,10 +188,12 @@ async fn run_attempt(
 }
 
 /// Counts, times and logs an attempt's outcome (inside the attempt's span).
+/// `elapsed` is `None` for a pull worker's verdict: its handler ran outside
+/// the process, so only the worker knows how long it took.
 pub(crate) fn record_outcome(
     event: &mailroom_core::Event,
     completion: &mailroom_core::Completion,
-    elapsed: Duration,
+    elapsed: Option<Duration>,
 ) {
     let label = match completion {
         mailroom_core::Completion::Done => "done",
@@ -202,11 +201,13 @@ pub(crate) fn record_outcome(
         mailroom_core::Completion::Dead { .. } => "dead",
     };
     metrics::counter!("mailroom_events_processed_total", "topic" => event.topic.clone(), "outcome" => label).increment(1);
-    metrics::histogram!("mailroom_processing_duration_seconds", "topic" => event.topic.clone())
-        .record(elapsed.as_secs_f64());
+    if let Some(elapsed) = elapsed {
+        metrics::histogram!("mailroom_processing_duration_seconds", "topic" => event.topic.clone())
+            .record(elapsed.as_secs_f64());
+    }
     match completion {
         mailroom_core::Completion::Done => {
-            debug!(event_id = %event.id, elapsed_ms = elapsed.as_millis() as u64, "done")
+            debug!(event_id = %event.id, elapsed_ms = elapsed.map(|e| e.as_millis() as u64), "done")
         }
         mailroom_core::Completion::Retry { delay, error } => {
             warn!(event_id = %event.id, topic = %event.topic, error = %error, retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");

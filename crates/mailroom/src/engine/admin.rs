@@ -1,0 +1,140 @@
+//! What operators do through the engine (SPEC §7, §8): read events and
+//! numbers, replay, skip, purge. Every write wakes the topic it touched.
+
+use super::Engine;
+use mailroom_core::{
+    Alert, AlertRules, Event, EventId, ListFilter, Page, PurgeReport, Retention, StoreError,
+    TopicStats,
+};
+use std::time::Duration;
+
+impl Engine {
+    /// One event with its attempt history.
+    pub async fn get(&self, id: EventId) -> Result<Option<Event>, StoreError> {
+        self.inner.store.get(id).await
+    }
+
+    /// Events matching `filter`, newest first.
+    pub async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        self.inner.store.list(filter).await
+    }
+
+    /// Whether the store answers (readiness).
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.store.now().await.map(drop)
+    }
+
+    /// The retention windows maintenance applies.
+    pub fn retention(&self) -> Retention {
+        self.inner.retention
+    }
+
+    /// Drops the payloads of finished events received more than
+    /// `older_than` ago, and deletes the rows past both that and the dedup
+    /// window (so a purge never ends deduplication early).
+    pub async fn purge(&self, older_than: Duration) -> Result<PurgeReport, StoreError> {
+        self.inner
+            .store
+            .purge(Retention {
+                done: older_than,
+                dead: older_than,
+                dedup: self.inner.retention.dedup.max(older_than),
+            })
+            .await
+    }
+
+    /// Replays one event with the topic's fresh attempt budget.
+    pub async fn replay(&self, id: EventId) -> Result<Event, StoreError> {
+        let event = self
+            .inner
+            .store
+            .get(id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let budget = self.budget(&event.topic);
+        let replayed = self.inner.store.replay(id, budget).await?;
+        self.wake(&replayed.topic);
+        Ok(replayed)
+    }
+
+    /// Replays every matching event (per topic, each with its own budget).
+    pub async fn replay_matching(&self, filter: &ListFilter) -> Result<u64, StoreError> {
+        let topics: Vec<String> = match &filter.topic {
+            Some(t) => vec![t.clone()],
+            None => self
+                .inner
+                .store
+                .stats()
+                .await?
+                .into_iter()
+                .map(|s| s.topic)
+                .collect(),
+        };
+        let mut total = 0;
+        for t in topics {
+            let mut f = filter.clone();
+            f.topic = Some(t.clone());
+            total += self
+                .inner
+                .store
+                .replay_matching(&f, self.budget(&t))
+                .await?;
+            self.wake(&t);
+        }
+        Ok(total)
+    }
+
+    /// Per-topic numbers, with `blocked_keys` counted only where a dead head
+    /// really blocks its key (sequential topics with `on_dead = "block"`):
+    /// the store cannot know a topic's mode.
+    pub async fn stats(&self) -> Result<Vec<TopicStats>, StoreError> {
+        let mut stats = self.inner.store.stats().await?;
+        for s in &mut stats {
+            let blocks = self.inner.topics.get(&s.topic).is_some_and(|t| {
+                matches!(
+                    t.spec.mode,
+                    mailroom_core::Mode::Sequential {
+                        on_dead: mailroom_core::OnDead::Block
+                    }
+                )
+            });
+            if !blocks {
+                s.blocked_keys = 0;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// The alert thresholds this engine evaluates.
+    pub fn alert_rules(&self) -> &AlertRules {
+        &self.inner.alerts
+    }
+
+    /// The alerts firing now, evaluated from the store's current numbers
+    /// (the same on every instance sharing the store).
+    pub async fn alerts(&self) -> Result<Vec<Alert>, StoreError> {
+        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, None).await
+    }
+
+    /// [`Engine::alerts`] over `stats` just read with [`Engine::stats`], so a
+    /// caller showing both reads them once.
+    pub async fn alerts_from(&self, stats: &[TopicStats]) -> Result<Vec<Alert>, StoreError> {
+        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, Some(stats))
+            .await
+    }
+
+    /// Skips a dead event so its key unblocks.
+    pub async fn skip(&self, id: EventId) -> Result<Event, StoreError> {
+        let e = self.inner.store.skip(id).await?;
+        self.wake(&e.topic);
+        Ok(e)
+    }
+
+    fn budget(&self, topic: &str) -> u32 {
+        self.inner
+            .topics
+            .get(topic)
+            .map(|t| t.spec.retry.max_attempts)
+            .unwrap_or(mailroom_core::RetryPolicy::default().max_attempts)
+    }
+}

@@ -1,0 +1,106 @@
+//! Pull workers (SPEC §7): processes outside this one claim events of a
+//! topic without a built-in handler and answer each claim with a verdict.
+//! Their claims get the topic's lease and ordering, their verdicts the
+//! topic's retry policy and the processing metrics, exactly as the engine's
+//! own attempts do.
+
+use super::Engine;
+use crate::topology::TopicSpec;
+use mailroom_core::{
+    ClaimRequest, Claimed, Completion, EventId, FencingToken, Outcome, StoreError, Timestamp,
+};
+use std::borrow::Cow;
+use std::time::Duration;
+
+/// Why a pull claim was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The topic has a built-in handler: its events are the engine's to run.
+    #[error("topic {0:?} has a built-in handler; only pull topics can be claimed")]
+    NotPullTopic(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Engine {
+    /// Claims up to `max` due events of the pull topic `topic` for `worker`,
+    /// each under a lease of `lease` (default: the topic's) and a fresh
+    /// fencing token. Sequential topics hand out only the head of each key.
+    pub async fn claim(
+        &self,
+        topic: &str,
+        max: u32,
+        lease: Option<Duration>,
+        worker: &str,
+    ) -> Result<Vec<Claimed>, ClaimError> {
+        if self.has_handler(topic) {
+            return Err(ClaimError::NotPullTopic(topic.to_string()));
+        }
+        let spec = self.spec_or_default(topic);
+        let req = ClaimRequest {
+            topic: topic.to_string(),
+            worker: worker.to_string(),
+            max,
+            lease: lease.unwrap_or(spec.lease),
+            per_key: spec.mode.per_key(),
+        };
+        Ok(self.inner.store.claim(&req).await?)
+    }
+
+    /// Pushes the end of a claim's lease to now + `lease` (default: the
+    /// event's topic's lease), if `token` is still current. Returns the new end.
+    pub async fn extend(
+        &self,
+        id: EventId,
+        token: FencingToken,
+        lease: Option<Duration>,
+    ) -> Result<Timestamp, StoreError> {
+        let lease = match lease {
+            Some(lease) => lease,
+            None => {
+                let event = self.get(id).await?.ok_or(StoreError::NotFound)?;
+                self.spec_or_default(&event.topic).lease
+            }
+        };
+        self.inner.store.extend(id, token, lease).await
+    }
+
+    /// Records a pull worker's verdict on its claim (`ack` / `nack`): the
+    /// outcome is resolved by the topic's retry policy exactly as for built-in
+    /// handlers, stored only if `token` is still the current one, and then
+    /// counted in `mailroom_events_processed_total`.
+    pub async fn finish_claim(
+        &self,
+        id: EventId,
+        token: FencingToken,
+        outcome: Outcome,
+    ) -> Result<Completion, StoreError> {
+        let event = self.get(id).await?.ok_or(StoreError::NotFound)?;
+        let spec = self.spec_or_default(&event.topic);
+        // The claim's attempt number is its token.
+        let completion = outcome.resolve(
+            token.0,
+            event.max_attempts,
+            &spec.retry,
+            rand::random::<f64>() * 2.0 - 1.0,
+        );
+        self.inner
+            .store
+            .complete(id, token, completion.clone())
+            .await?;
+        crate::dispatch::record_outcome(&event, &completion, None);
+        self.wake(&event.topic);
+        Ok(completion)
+    }
+
+    /// The settings of `topic`, or the defaults a topic nobody declared gets
+    /// (SPEC §12): events of such a topic may sit in a shared store.
+    pub(crate) fn spec_or_default(&self, topic: &str) -> Cow<'_, TopicSpec> {
+        match self.topic(topic) {
+            Some(spec) => Cow::Borrowed(spec),
+            None => Cow::Owned(TopicSpec::new(topic)),
+        }
+    }
+}
