@@ -4,7 +4,7 @@
 use crate::table::{clip, render};
 use crate::{Cli, Command, ConfigCommand, EventsCommand};
 use anyhow::{Context, Result, bail};
-use mailroom::{Engine, EventId, KeyCursor, ListFilter, Retention, Status, Store};
+use mailroom::{Engine, EventId, KeyCursor, ListFilter, Status, Store};
 use mailroom_config::{Config, Topology};
 use std::process::ExitCode;
 use std::sync::Arc;

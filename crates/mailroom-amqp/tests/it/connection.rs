@@ -79,13 +79,7 @@ async fn count(engine: &Engine, topic: &str, status: Status) -> usize {
         limit: 1000,
         ..Default::default()
     };
-    engine
-        .store()
-        .list(&filter)
-        .await
-        .expect("list")
-        .events
-        .len()
+    engine.list(&filter).await.expect("list").events.len()
 }
 
 /// A relay (topic `outbox` publishing to an exchange) and a consumer of the

@@ -58,7 +58,7 @@ async fn events(engine: &Engine, status: Status) -> Vec<Event> {
         limit: 1000,
         ..Default::default()
     };
-    engine.store().list(&filter).await.expect("list").events
+    engine.list(&filter).await.expect("list").events
 }
 
 /// Waits until the only event is done, stops the engine, and returns the

@@ -237,7 +237,7 @@ async fn ids_come_from_properties_else_from_the_envelope() {
         limit: 10,
         ..Default::default()
     };
-    let mut events = engine.store().list(&filter).await.expect("list").events;
+    let mut events = engine.list(&filter).await.expect("list").events;
     events.sort_by(|a, b| a.dedup_key.cmp(&b.dedup_key));
     let seen: Vec<_> = events
         .iter()
