@@ -2,7 +2,7 @@
 //! keys refused, defaults pointing at the runtime's own (`Default` impls and
 //! consts of the spec types), so a default has one home.
 
-use mailroom::duration;
+use mailroom::{Retention, RetryPolicy, TopicSpec, duration};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -117,35 +117,25 @@ impl Default for StoreConfig {
     }
 }
 
-/// `[retention]`.
+/// `[retention]`; unset keys keep [`Retention::default`].
 #[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetentionConfig {
     /// Payloads of done events are dropped after this.
-    #[serde(default = "d7", with = "duration::serde_str")]
+    #[serde(with = "duration::serde_str")]
     pub done: Duration,
     /// Payloads of dead events are dropped after this.
-    #[serde(default = "d30", with = "duration::serde_str")]
+    #[serde(with = "duration::serde_str")]
     pub dead: Duration,
     /// Rows (and so dedup keys) are kept at least this long.
-    #[serde(default = "d30", with = "duration::serde_str")]
+    #[serde(with = "duration::serde_str")]
     pub dedup: Duration,
-}
-
-fn d7() -> Duration {
-    Duration::from_secs(7 * 86400)
-}
-fn d30() -> Duration {
-    Duration::from_secs(30 * 86400)
 }
 
 impl Default for RetentionConfig {
     fn default() -> Self {
-        Self {
-            done: d7(),
-            dead: d30(),
-            dedup: d30(),
-        }
+        let Retention { done, dead, dedup } = Retention::default();
+        Self { done, dead, dedup }
     }
 }
 
@@ -324,10 +314,10 @@ pub struct TopicConfig {
 }
 
 fn default_concurrency() -> u32 {
-    16
+    TopicSpec::DEFAULT_CONCURRENCY
 }
 fn default_timeout() -> Duration {
-    Duration::from_secs(30)
+    TopicSpec::DEFAULT_TIMEOUT
 }
 
 /// Processing mode names.
@@ -354,53 +344,35 @@ pub enum OnDeadName {
     Skip,
 }
 
-/// `retry = { max_attempts, base, factor, max_delay, jitter }` or `{ schedule = [...] }`.
+/// `retry = { max_attempts, base, factor, max_delay, jitter }` or
+/// `{ schedule = [...] }`; unset keys keep [`RetryPolicy`]'s defaults.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
     /// Attempts before `dead` (default 15).
-    #[serde(default = "default_attempts")]
     pub max_attempts: u32,
     /// First delay (default 2s).
-    #[serde(default = "default_base", with = "duration::serde_str")]
+    #[serde(with = "duration::serde_str")]
     pub base: Duration,
     /// Growth (default 2.0).
-    #[serde(default = "default_factor")]
     pub factor: f64,
     /// Cap (default 1h).
-    #[serde(default = "default_max_delay", with = "duration::serde_str")]
+    #[serde(with = "duration::serde_str")]
     pub max_delay: Duration,
     /// ± share (default 0.2).
-    #[serde(default = "default_jitter")]
     pub jitter: f64,
     /// Explicit delays instead of exponential growth.
     pub schedule: Option<Vec<String>>,
 }
 
-fn default_attempts() -> u32 {
-    15
-}
-fn default_base() -> Duration {
-    Duration::from_secs(2)
-}
-fn default_factor() -> f64 {
-    2.0
-}
-fn default_max_delay() -> Duration {
-    Duration::from_secs(3600)
-}
-fn default_jitter() -> f64 {
-    0.2
-}
-
 impl Default for RetryConfig {
     fn default() -> Self {
         Self {
-            max_attempts: default_attempts(),
-            base: default_base(),
-            factor: default_factor(),
-            max_delay: default_max_delay(),
-            jitter: default_jitter(),
+            max_attempts: RetryPolicy::DEFAULT_MAX_ATTEMPTS,
+            base: RetryPolicy::DEFAULT_BASE,
+            factor: RetryPolicy::DEFAULT_FACTOR,
+            max_delay: RetryPolicy::DEFAULT_MAX_DELAY,
+            jitter: RetryPolicy::DEFAULT_JITTER,
             schedule: None,
         }
     }

@@ -53,7 +53,10 @@ pub(crate) fn handler(
             timeout,
             secret,
             headers: http.headers.clone(),
-            permanent_statuses: http.permanent_statuses.clone().unwrap_or_else(|| vec![410]),
+            permanent_statuses: http
+                .permanent_statuses
+                .clone()
+                .unwrap_or_else(|| HttpHandlerSettings::DEFAULT_PERMANENT_STATUSES.to_vec()),
         })
         .map_err(|m| cfg.invalid(at(".http"), m))?;
         return Ok(Some(Arc::new(handler)));

@@ -5,7 +5,6 @@ use crate::file::FieldConfig;
 use crate::file::{BatchConfig, Config, ModeName, OnDeadName, RetryConfig, TopicConfig};
 use crate::source::field;
 use mailroom::{Backoff, BatchSettings, Field, Mode, OnDead, RetryPolicy, TopicSpec, duration};
-use std::time::Duration;
 
 /// The spec of `topic[idx]`, validated.
 pub(crate) fn topic_spec(
@@ -35,7 +34,7 @@ pub(crate) fn topic_spec(
             "only batch topics take `batch = {...}` (set mode = \"batch\")",
         ));
     }
-    let lease = t.lease.unwrap_or(t.timeout + Duration::from_secs(5));
+    let lease = t.lease.unwrap_or(t.timeout + TopicSpec::LEASE_MARGIN);
     let spec = TopicSpec {
         name: t.name.clone(),
         mode: mode(t),

@@ -141,4 +141,19 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("alerts.processing_time"), "{err}");
     }
+
+    /// A topic and retention left unset in the file get exactly the runtime's
+    /// defaults (`TopicSpec::new`, `Retention::default`): one home for each.
+    #[test]
+    fn unset_keys_take_the_runtime_defaults() {
+        let t = topology("[[topic]]\nname = \"jobs\"\n").unwrap();
+        assert_eq!(t.topics[0].0, TopicSpec::new("jobs"));
+        assert_eq!(t.retention, Retention::default());
+        let t = topology("[[topic]]\nname = \"jobs\"\nretry = { base = \"5s\" }\n").unwrap();
+        let mut expected = TopicSpec::new("jobs");
+        if let mailroom::Backoff::Exponential { base, .. } = &mut expected.retry.backoff {
+            *base = Duration::from_secs(5);
+        }
+        assert_eq!(t.topics[0].0, expected);
+    }
 }

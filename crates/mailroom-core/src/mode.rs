@@ -60,11 +60,18 @@ pub struct BatchSettings {
     pub group_by: Option<String>,
 }
 
+impl BatchSettings {
+    /// Default flush size (SPEC §3).
+    pub const DEFAULT_MAX_SIZE: u32 = 100;
+    /// Default longest wait of the oldest event before a flush (SPEC §3).
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(1);
+}
+
 impl Default for BatchSettings {
     fn default() -> Self {
         Self {
-            max_size: 100,
-            max_wait: Duration::from_secs(1),
+            max_size: Self::DEFAULT_MAX_SIZE,
+            max_wait: Self::DEFAULT_MAX_WAIT,
             schedule: None,
             group_by: None,
         }

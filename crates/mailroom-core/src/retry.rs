@@ -37,18 +37,29 @@ impl Default for RetryPolicy {
     /// SPEC §4: 15 attempts, from 2 s doubling up to 1 h, ±20 % jitter.
     fn default() -> Self {
         Self {
-            max_attempts: 15,
+            max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::Exponential {
-                base: Duration::from_secs(2),
-                factor: 2.0,
-                max_delay: Duration::from_secs(3600),
-                jitter: 0.2,
+                base: Self::DEFAULT_BASE,
+                factor: Self::DEFAULT_FACTOR,
+                max_delay: Self::DEFAULT_MAX_DELAY,
+                jitter: Self::DEFAULT_JITTER,
             },
         }
     }
 }
 
 impl RetryPolicy {
+    /// Default attempts before `dead` (SPEC §4).
+    pub const DEFAULT_MAX_ATTEMPTS: u32 = 15;
+    /// Default delay after the first failure.
+    pub const DEFAULT_BASE: Duration = Duration::from_secs(2);
+    /// Default growth per failure.
+    pub const DEFAULT_FACTOR: f64 = 2.0;
+    /// Default cap on any delay.
+    pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(3600);
+    /// Default relative spread.
+    pub const DEFAULT_JITTER: f64 = 0.2;
+
     /// The delay after failed attempt number `attempt` (1-based).
     ///
     /// `spread` is a random number in `[-1, 1]` supplied by the caller, so

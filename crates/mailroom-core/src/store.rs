@@ -98,6 +98,19 @@ pub struct Retention {
     pub dedup: Duration,
 }
 
+impl Default for Retention {
+    /// SPEC §9: payloads of done events 7 days, of dead events and rows
+    /// (dedup keys) 30 days.
+    fn default() -> Self {
+        const DAY: u64 = 86_400;
+        Self {
+            done: Duration::from_secs(7 * DAY),
+            dead: Duration::from_secs(30 * DAY),
+            dedup: Duration::from_secs(30 * DAY),
+        }
+    }
+}
+
 /// What a purge did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PurgeReport {

@@ -301,11 +301,7 @@ impl Engine {
             worker: default_worker_id(),
             poll: Duration::from_secs(1),
             maintenance_period: Duration::from_secs(1),
-            retention: Retention {
-                done: Duration::from_secs(7 * 86400),
-                dead: Duration::from_secs(30 * 86400),
-                dedup: Duration::from_secs(30 * 86400),
-            },
+            retention: Retention::default(),
             alerts: AlertRules::default(),
             alert_every: Duration::from_secs(10),
             accept_undeclared: false,

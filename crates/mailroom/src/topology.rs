@@ -52,6 +52,14 @@ pub struct TopicSpec {
 }
 
 impl TopicSpec {
+    /// Default attempts in flight at once.
+    pub const DEFAULT_CONCURRENCY: u32 = 16;
+    /// Default bound on one attempt (SPEC §4).
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How much longer than the timeout a lease lasts unless set: the time
+    /// an attempt cut at its timeout has to record its outcome.
+    pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
     /// A `single` topic with SPEC defaults: concurrency 16, 15 attempts from
     /// 2 s, 30 s timeout, 35 s lease.
     pub fn new(name: impl Into<String>) -> Self {
@@ -60,10 +68,10 @@ impl TopicSpec {
             mode: Mode::Single,
             key: None,
             default_key: None,
-            concurrency: 16,
+            concurrency: Self::DEFAULT_CONCURRENCY,
             retry: RetryPolicy::default(),
-            timeout: Duration::from_secs(30),
-            lease: Duration::from_secs(35),
+            timeout: Self::DEFAULT_TIMEOUT,
+            lease: Self::DEFAULT_TIMEOUT + Self::LEASE_MARGIN,
         }
     }
 
@@ -94,7 +102,7 @@ impl TopicSpec {
     /// Sets the attempt timeout; the lease becomes timeout + 5 s unless longer.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        self.lease = self.lease.max(timeout + Duration::from_secs(5));
+        self.lease = self.lease.max(timeout + Self::LEASE_MARGIN);
         self
     }
 

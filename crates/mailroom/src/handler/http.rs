@@ -29,6 +29,11 @@ pub struct HttpHandlerSettings {
     pub permanent_statuses: Vec<u16>,
 }
 
+impl HttpHandlerSettings {
+    /// Statuses that mean "do not retry" unless configured (SPEC §4: 410 Gone).
+    pub const DEFAULT_PERMANENT_STATUSES: &[u16] = &[410];
+}
+
 /// POSTs each event to an endpoint.
 #[derive(Debug, Clone)]
 pub struct HttpHandler {
