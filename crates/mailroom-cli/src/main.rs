@@ -23,6 +23,7 @@ macro_rules! out {
 }
 
 mod commands;
+mod logging;
 mod table;
 
 /// A closed pipe is a normal way for a reader to stop; anything else is reported.
@@ -149,7 +150,7 @@ pub enum ConfigCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    commands::init_logging(&cli.log_format);
+    logging::init(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

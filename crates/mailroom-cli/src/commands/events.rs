@@ -1,0 +1,147 @@
+//! `mailroom events list|show`: read events, newest first, or one with its
+//! attempt history.
+
+use super::{load_config, offline_engine, parse_id, parse_status};
+use crate::table::{clip, render};
+use crate::{Cli, EventsCommand};
+use anyhow::{Context, Result};
+use mailroom::{Engine, Event, KeyCursor, ListFilter};
+
+pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Result<()> {
+    let engine = offline_engine(&load_config(cli)?).await?;
+    match command {
+        EventsCommand::List {
+            topic,
+            status,
+            key,
+            limit,
+            cursor,
+        } => {
+            let filter = ListFilter {
+                topic: topic.clone(),
+                status: parse_status(status.as_deref())?,
+                key: key.clone(),
+                limit: (*limit).clamp(1, 1000),
+                cursor: cursor.as_deref().map(parse_id).transpose()?.map(KeyCursor),
+            };
+            list(&engine, &filter, json).await
+        }
+        EventsCommand::Show { id } => show(&engine, id, json).await,
+    }
+}
+
+async fn list(engine: &Engine, filter: &ListFilter, json: bool) -> Result<()> {
+    let page = engine.list(filter).await?;
+    let next = page.next_cursor.map(|c| c.0.to_string());
+    if json {
+        let events: Vec<_> = page.events.iter().map(|e| e.to_json(false)).collect();
+        outln!(
+            "{}",
+            serde_json::json!({ "events": events, "next_cursor": next })
+        );
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = page.events.iter().map(list_row).collect();
+    out!(
+        "{}",
+        render(
+            &[
+                "ID",
+                "TOPIC",
+                "STATUS",
+                "ATTEMPTS",
+                "KEY",
+                "TYPE",
+                "RECEIVED (UTC)",
+                "LAST ERROR"
+            ],
+            &rows
+        )
+    );
+    if let Some(n) = next {
+        outln!("(more: --cursor {n})");
+    }
+    Ok(())
+}
+
+fn list_row(e: &Event) -> Vec<String> {
+    vec![
+        e.id.to_string(),
+        e.topic.clone(),
+        e.status.to_string(),
+        format!("{}/{}", e.attempts, e.max_attempts),
+        e.key.clone().unwrap_or_default(),
+        e.event_type.clone().unwrap_or_default(),
+        e.received_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+        clip(e.last_error.as_deref().unwrap_or(""), 60),
+    ]
+}
+
+async fn show(engine: &Engine, id: &str, json: bool) -> Result<()> {
+    let event = engine
+        .get(parse_id(id)?)
+        .await?
+        .with_context(|| format!("no event {id}"))?;
+    if json {
+        outln!("{}", event.to_json(true));
+    } else {
+        show_fields(&event);
+        show_history(&event);
+    }
+    Ok(())
+}
+
+fn show_fields(e: &Event) {
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    outln!("id              {}", e.id);
+    outln!("status          {}", e.status);
+    outln!("topic           {}", e.topic);
+    outln!("source          {}", e.source);
+    outln!("dedup key       {}", e.dedup_key);
+    outln!("key             {}", opt(&e.key));
+    outln!("type            {}", opt(&e.event_type));
+    outln!("attempts        {} of {}", e.attempts, e.max_attempts);
+    outln!("received at     {}", e.received_at);
+    if let Some(t) = e.next_attempt_at {
+        outln!("next attempt at {t}");
+    }
+    outln!("correlation id  {}", opt(&e.correlation_id));
+    outln!("content type    {}", opt(&e.content_type));
+    outln!("last error      {}", opt(&e.last_error));
+    match &e.payload {
+        None => outln!("payload         (purged by retention)"),
+        Some(p) => outln!("payload         {}", clip(&String::from_utf8_lossy(p), 200)),
+    }
+}
+
+fn show_history(e: &Event) {
+    if e.history.is_empty() {
+        return;
+    }
+    outln!();
+    let rows: Vec<Vec<String>> = e
+        .history
+        .iter()
+        .map(|a| {
+            vec![
+                a.attempt.to_string(),
+                a.started_at.strftime("%H:%M:%S%.3f").to_string(),
+                a.finished_at
+                    .map(|t| t.strftime("%H:%M:%S%.3f").to_string())
+                    .unwrap_or_default(),
+                a.outcome.as_str().to_string(),
+                a.worker.clone().unwrap_or_default(),
+                clip(a.error.as_deref().unwrap_or(""), 70),
+            ]
+        })
+        .collect();
+    out!(
+        "{}",
+        render(
+            &[
+                "ATTEMPT", "STARTED", "FINISHED", "OUTCOME", "WORKER", "ERROR"
+            ],
+            &rows
+        )
+    );
+}

@@ -1,0 +1,88 @@
+//! What each verb does, one file per verb (or verb group), like mini-redis's
+//! `cmd/`. This module only dispatches and holds what every verb shares:
+//! loading the configuration and opening the store through an engine.
+//! Errors carry context (`anyhow`); the library crates stay typed.
+
+mod config;
+mod events;
+mod migrate;
+mod purge;
+mod replay;
+mod serve;
+mod skip;
+mod status;
+
+use crate::{Cli, Command};
+use anyhow::{Context, Result};
+use mailroom::{Engine, EventId, Status, Store};
+use mailroom_config::{Config, Topology};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Serve { listen } => serve::run(&cli, listen.as_deref()).await?,
+        Command::Migrate => migrate::run(&cli).await?,
+        Command::Status => status::run(&cli, json).await?,
+        Command::Events { command } => events::run(&cli, command, json).await?,
+        Command::Replay {
+            id,
+            topic,
+            status,
+            key,
+        } => {
+            let filter = replay::Filter {
+                topic: topic.clone(),
+                status: status.clone(),
+                key: key.clone(),
+            };
+            replay::run(&cli, id.as_deref(), filter, json).await?;
+        }
+        Command::Skip { id } => skip::run(&cli, id, json).await?,
+        Command::Purge { older_than } => purge::run(&cli, older_than, json).await?,
+        Command::Config { command } => config::run(&cli, command, json)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The configuration from `--config`, `$MAILROOM_CONFIG`, `./mailroom.toml`
+/// or the built-in defaults, with `MAILROOM_*` overrides.
+fn load_config(cli: &Cli) -> Result<Config> {
+    let path = mailroom_config::locate(cli.config.clone(), &env);
+    Ok(Config::load(path.as_deref(), &env)?)
+}
+
+/// Opens the configured store and applies pending migrations.
+async fn open(config: &Config) -> Result<Arc<dyn Store>> {
+    let store = mailroom::open_store(&config.store.url, config.store.group_commit)
+        .await
+        .with_context(|| format!("cannot open the store {}", config.store.url))?;
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("cannot migrate the store {}", config.store.url))?;
+    Ok(store)
+}
+
+/// An engine that is never run: every verb but `serve` reaches the store
+/// through it, so replays get their topic's budget and reads share its rules.
+async fn offline_engine(config: &Config) -> Result<Engine> {
+    let store = open(config).await?;
+    Ok(Topology::from_config(config)?.into_builder(store).build()?)
+}
+
+fn parse_id(id: &str) -> Result<EventId> {
+    id.parse()
+        .with_context(|| format!("{id:?} is not an event id"))
+}
+
+fn parse_status(s: Option<&str>) -> Result<Option<Status>> {
+    s.map(|s| s.parse::<Status>().map_err(anyhow::Error::msg))
+        .transpose()
+}

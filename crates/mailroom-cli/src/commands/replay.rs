@@ -1,0 +1,69 @@
+//! `mailroom replay`: send events back to pending with a fresh attempt
+//! budget, one by id or all matching a filter.
+
+use super::{load_config, offline_engine, parse_id, parse_status};
+use crate::Cli;
+use anyhow::{Result, bail};
+use mailroom::{Engine, ListFilter, Status};
+
+/// The filter flags of a bulk replay, as typed.
+pub(super) struct Filter {
+    pub topic: Option<String>,
+    pub status: Option<String>,
+    pub key: Option<String>,
+}
+
+impl Filter {
+    fn is_empty(&self) -> bool {
+        self.topic.is_none() && self.status.is_none() && self.key.is_none()
+    }
+}
+
+pub(super) async fn run(cli: &Cli, id: Option<&str>, filter: Filter, json: bool) -> Result<()> {
+    let engine = offline_engine(&load_config(cli)?).await?;
+    match id {
+        Some(id) => {
+            if !filter.is_empty() {
+                bail!("give an event id or filters (--topic/--status/--key), not both");
+            }
+            one(&engine, id, json).await
+        }
+        None => matching(&engine, filter, json).await,
+    }
+}
+
+async fn one(engine: &Engine, id: &str, json: bool) -> Result<()> {
+    let e = engine.replay(parse_id(id)?).await?;
+    if json {
+        outln!("{}", e.to_json(false));
+    } else {
+        outln!(
+            "{} is pending again (attempt {} of {} next)",
+            e.id,
+            e.attempts + 1,
+            e.max_attempts
+        );
+    }
+    Ok(())
+}
+
+async fn matching(engine: &Engine, filter: Filter, json: bool) -> Result<()> {
+    let status = parse_status(filter.status.as_deref())?.unwrap_or(Status::Dead);
+    if status == Status::Running {
+        bail!("running events cannot be replayed");
+    }
+    eprintln!("replaying {status} events…");
+    let filter = ListFilter {
+        topic: filter.topic,
+        status: Some(status),
+        key: filter.key,
+        ..ListFilter::default()
+    };
+    let n = engine.replay_matching(&filter).await?;
+    if json {
+        outln!("{}", serde_json::json!({ "replayed": n }));
+    } else {
+        outln!("{n} events are pending again");
+    }
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! `mailroom serve`: intake, dispatcher and HTTP API in one process, until
+//! SIGINT/SIGTERM.
+
+use super::{load_config, open};
+use crate::Cli;
+use anyhow::{Context, Result, bail};
+use mailroom_config::{Config, Topology};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+pub(super) async fn run(cli: &Cli, listen: Option<&str>) -> Result<()> {
+    let mut config = load_config(cli)?;
+    if let Some(l) = listen {
+        config.listen = l.to_string();
+    }
+    serve(config).await
+}
+
+async fn serve(config: Config) -> Result<()> {
+    let addr = config.listen_addr()?;
+    let loopback = addr.ip().is_loopback();
+    let tokens = config.api_tokens();
+    if !loopback && tokens.is_empty() {
+        bail!(
+            "{}: refusing to listen on {addr} without api_token: anyone could read and replay events. \
+             Set api_token (or MAILROOM_API_TOKEN), or listen on 127.0.0.1",
+            config.origin
+        );
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    let store = open(&config).await?;
+    let engine = Topology::from_config(&config)?
+        .into_builder(store)
+        .accept_undeclared_sources(loopback)
+        .build()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    announce(&config, &engine, listener.local_addr()?, loopback);
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(wait_for_signals(shutdown.clone()));
+    let upkeep = tokio::spawn(metrics_upkeep(prometheus.clone(), shutdown.clone()));
+    let render: mailroom_server::MetricsRenderer = Arc::new(move || prometheus.render());
+    let limits = server_limits(&config.limits);
+    let router = mailroom_server::router(
+        engine.clone(),
+        mailroom_server::ServerOptions {
+            api_tokens: tokens,
+            metrics: Some(render),
+            limits: limits.clone(),
+        },
+    );
+    let server = mailroom_server::serve_with(listener, router, shutdown.clone(), &limits);
+    let (served, ()) = tokio::join!(server, engine.run(shutdown.clone()));
+    let _ = upkeep.await;
+    served.context("HTTP server failed")?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// The start-up log lines: where it listens, and what an operator should know.
+fn announce(
+    config: &Config,
+    engine: &mailroom::Engine,
+    local: std::net::SocketAddr,
+    loopback: bool,
+) {
+    tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
+    if engine.alert_rules().any() {
+        tracing::info!(
+            window = %mailroom::duration::format(mailroom::alert::ALERT_WINDOW),
+            "[alerts] evaluated every 10s by the instance that holds maintenance: see the logs, /v1/stats and mailroom status"
+        );
+    }
+    if loopback && config.sources.is_empty() {
+        tracing::info!(
+            "no sources declared: any POST /webhooks/<name> is accepted on loopback (topic = <name>)"
+        );
+    }
+}
+
+/// Keeps the Prometheus histograms' windows rolling until shutdown.
+async fn metrics_upkeep(
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_secs(5)) => handle.run_upkeep(),
+            () = shutdown.cancelled() => break,
+        }
+    }
+}
+
+/// `[limits]` over the server's defaults.
+fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::limits::Limits {
+    let d = mailroom_server::limits::Limits::default();
+    mailroom_server::limits::Limits {
+        max_concurrent_requests: c
+            .max_concurrent_requests
+            .unwrap_or(d.max_concurrent_requests)
+            .max(1),
+        max_connections: c.max_connections.unwrap_or(d.max_connections).max(1),
+        header_read_timeout: c.header_read_timeout.unwrap_or(d.header_read_timeout),
+        body_read_timeout: c.body_read_timeout.unwrap_or(d.body_read_timeout),
+        max_headers: c.max_headers.unwrap_or(d.max_headers).max(1),
+        max_header_bytes: c.max_header_bytes.map_or(d.max_header_bytes, |b| {
+            usize::try_from(b.0).unwrap_or(usize::MAX)
+        }),
+        api_max_body: c.api_max_body.map_or(d.api_max_body, |b| b.0),
+    }
+}
+
+/// First SIGINT/SIGTERM: graceful shutdown (stop intake, finish attempts in
+/// flight). A second one exits at once; leases of unfinished attempts then
+/// expire and their events are retried.
+async fn wait_for_signals(shutdown: CancellationToken) {
+    one_signal().await;
+    tracing::info!(
+        "shutting down: intake stopped, finishing attempts in flight (signal again to force)"
+    );
+    shutdown.cancel();
+    one_signal().await;
+    tracing::warn!("forced exit; unfinished attempts will be retried after their leases expire");
+    std::process::exit(130);
+}
+
+async fn one_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
