@@ -145,7 +145,7 @@ fn shed(err: tower::BoxError) -> ShedFuture {
     if !err.is::<tower::load_shed::error::Overloaded>() {
         tracing::error!(error = %err, "unexpected middleware error");
     }
-    metrics::counter!("mailroom_http_shed_total").increment(1);
+    metrics::counter!(mailroom::metrics::HTTP_SHED).increment(1);
     std::future::ready(Problem::unavailable(
         "too many requests in flight; retry shortly",
     ))

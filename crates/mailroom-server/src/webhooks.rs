@@ -23,7 +23,7 @@ pub async fn receive(
     // Every request counts, signed or not: the limit protects the store.
     if let Some(limit) = s.engine.source(&source).and_then(|spec| spec.rate_limit) {
         if let Err(wait) = s.rate.take(&source, limit) {
-            metrics::counter!("mailroom_rate_limited_total", "source" => source.clone())
+            metrics::counter!(mailroom::metrics::RATE_LIMITED, "source" => source.clone())
                 .increment(1);
             return Err(too_many_requests(&source, wait));
         }
@@ -46,7 +46,7 @@ pub async fn receive(
     .await?;
     let inserted = s.engine.ingest_webhook(&source, &headers, bytes).await.map_err(|e| {
         if let IntakeError::Unauthorized(v) = &e {
-            metrics::counter!("mailroom_verification_failures_total", "source" => source.clone(), "reason" => v.reason())
+            metrics::counter!(mailroom::metrics::VERIFICATION_FAILURES, "source" => source.clone(), "reason" => v.reason())
                 .increment(1);
         }
         Problem::from(e)

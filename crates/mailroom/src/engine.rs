@@ -2,9 +2,10 @@
 //! that run them. Cheap to clone; no global state, so one process may run
 //! several engines.
 
-use crate::dispatch::{Maintenance, TopicRuntime, run_maintenance, run_topic};
+use crate::dispatch::{TopicRuntime, run_topic};
 use crate::handler::SharedHandler;
 use crate::intake::{self, IntakeError};
+use crate::maintenance::Maintenance;
 use crate::topology::{SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
@@ -363,9 +364,9 @@ impl Engine {
             Ok(_) => "accepted",
             Err(_) => "rejected",
         };
-        metrics::counter!("mailroom_events_received_total", "source" => source.clone(), "topic" => topic.clone(), "outcome" => outcome)
+        metrics::counter!(crate::metrics::EVENTS_RECEIVED, "source" => source.clone(), "topic" => topic.clone(), "outcome" => outcome)
             .increment(1);
-        metrics::histogram!("mailroom_ingest_duration_seconds", "source" => source)
+        metrics::histogram!(crate::metrics::INGEST_DURATION, "source" => source)
             .record(started.elapsed().as_secs_f64());
         if let Ok(i) = &result {
             if !i.duplicate {
@@ -459,18 +460,16 @@ impl Engine {
                 shutdown.clone(),
             ));
         }
-        tasks.spawn(run_maintenance(
-            Maintenance {
-                store: self.inner.store.clone(),
-                topics: self.inner.topics.values().cloned().collect(),
-                retention: self.inner.retention,
-                alerts: self.inner.alerts,
-                alert_every: self.inner.alert_every,
-                period: self.inner.maintenance_period,
-                worker: self.inner.worker.clone(),
-            },
-            shutdown.clone(),
-        ));
+        let maintenance = Maintenance {
+            store: self.inner.store.clone(),
+            topics: self.inner.topics.values().cloned().collect(),
+            retention: self.inner.retention,
+            alerts: self.inner.alerts,
+            alert_every: self.inner.alert_every,
+            period: self.inner.maintenance_period,
+            worker: self.inner.worker.clone(),
+        };
+        tasks.spawn(maintenance.run(shutdown.clone()));
         if let Some(stream) = self.inner.store.notifications() {
             tasks.spawn(crate::dispatch::run_notifications(
                 stream,

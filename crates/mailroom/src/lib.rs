@@ -45,6 +45,8 @@ mod dispatch;
 mod engine;
 pub mod handler;
 pub mod intake;
+mod maintenance;
+pub mod metrics;
 mod observe;
 mod open;
 pub mod topology;

@@ -2,9 +2,11 @@
 //! blocked keys), refreshed periodically. Counters and histograms are
 //! recorded where things happen (intake, dispatcher). Labels are bounded:
 //! topic and status only, never event ids. This crate only calls the
-//! `metrics` macros; the binary installs the exporter.
+//! `metrics` macros, with the names of [`crate::metrics`]; the binary
+//! installs the exporter.
 
 use crate::Engine;
+use crate::metrics as names;
 use mailroom_core::Status;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -18,18 +20,17 @@ pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
             let now = jiff::Timestamp::now();
             for s in stats {
                 for status in Status::ALL {
-                    metrics::gauge!("mailroom_queue_depth", "topic" => s.topic.clone(), "status" => status.as_str())
+                    metrics::gauge!(names::QUEUE_DEPTH, "topic" => s.topic.clone(), "status" => status.as_str())
                         .set(s.count(status) as f64);
                 }
-                metrics::gauge!("mailroom_dead_letter_depth", "topic" => s.topic.clone())
+                metrics::gauge!(names::DEAD_LETTER_DEPTH, "topic" => s.topic.clone())
                     .set(s.count(Status::Dead) as f64);
                 let age = s
                     .oldest_pending
                     .map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
                     .unwrap_or(0.0);
-                metrics::gauge!("mailroom_oldest_pending_age_seconds", "topic" => s.topic.clone())
-                    .set(age);
-                metrics::gauge!("mailroom_blocked_keys", "topic" => s.topic.clone())
+                metrics::gauge!(names::OLDEST_PENDING_AGE, "topic" => s.topic.clone()).set(age);
+                metrics::gauge!(names::BLOCKED_KEYS, "topic" => s.topic.clone())
                     .set(s.blocked_keys as f64);
             }
         }

@@ -11,14 +11,13 @@
 //! A batch succeeds or fails as a whole, unless the handler reports per-event
 //! verdicts; each event keeps its own history and attempt budget.
 
-use super::{TopicRuntime, record_outcome};
+use super::attempt::{guarded, release, settle};
+use super::{TopicRuntime, idle};
 use crate::clock::Clock;
 use crate::handler::{BatchOutcome, Handler, SharedHandler};
-use futures::FutureExt;
 use mailroom_core::cron::Cron;
-use mailroom_core::{BatchSettings, ClaimRequest, Claimed, Event, Outcome, Store, StoreError};
+use mailroom_core::{BatchSettings, ClaimRequest, Claimed, Event, Store, StoreError};
 use std::collections::BTreeMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -37,150 +36,170 @@ pub(crate) struct BatchLoop {
     pub clock: Arc<dyn Clock>,
 }
 
-/// Runs one batch topic until `shutdown`.
+impl BatchLoop {
+    /// A claim of up to `max` events. The lease covers the time a partial
+    /// batch is held plus the attempt.
+    fn request(&self, max: u32) -> ClaimRequest {
+        ClaimRequest {
+            topic: self.topic.spec.name.clone(),
+            worker: self.worker.clone(),
+            max,
+            lease: self.topic.spec.lease + self.settings.max_wait,
+            per_key: None,
+        }
+    }
+}
+
+/// Runs one batch topic until `shutdown`, then waits for deliveries in
+/// flight.
 pub(crate) async fn run_batch_topic(l: BatchLoop, shutdown: CancellationToken) {
-    let BatchLoop {
-        store,
-        topic,
-        settings,
-        handler,
-        worker,
-        poll,
-        clock,
-    } = l;
-    let slots = Arc::new(Semaphore::new(topic.spec.concurrency as usize));
-    let deliveries = TaskTracker::new();
-    // The lease covers the time a partial batch is held plus the attempt.
-    let lease = topic.spec.lease + settings.max_wait;
-    let req = |max: u32| ClaimRequest {
-        topic: topic.spec.name.clone(),
-        worker: worker.clone(),
-        max,
-        lease,
-        per_key: None,
-    };
-    let schedule = match settings.schedule.as_deref().map(Cron::parse).transpose() {
+    let schedule = match l.settings.schedule.as_deref().map(Cron::parse).transpose() {
         Ok(s) => s,
         Err(e) => {
-            error!(topic = %topic.spec.name, error = %e, "batch schedule is invalid; topic not dispatched");
+            error!(topic = %l.topic.spec.name, error = %e, "batch schedule is invalid; topic not dispatched");
             return;
         }
     };
-    let send = |batch: Vec<Claimed>| {
-        let (store, topic, handler, slots, group_by, deliveries) = (
-            store.clone(),
-            topic.clone(),
-            handler.clone(),
-            slots.clone(),
-            settings.group_by.clone(),
-            deliveries.clone(),
-        );
-        async move {
-            for group in split(batch, group_by.as_deref()) {
-                let Ok(permit) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let (store, topic, handler) = (store.clone(), topic.clone(), handler.clone());
-                deliveries.spawn(async move {
-                    deliver(&*store, &topic, &*handler, group).await;
-                    drop(permit);
-                });
-            }
-        }
+    let deliveries = Deliveries {
+        store: l.store.clone(),
+        topic: l.topic.clone(),
+        handler: l.handler.clone(),
+        slots: Arc::new(Semaphore::new(l.topic.spec.concurrency as usize)),
+        group_by: l.settings.group_by.clone(),
+        tracker: TaskTracker::new(),
     };
+    match schedule {
+        Some(cron) => run_on_schedule(&l, &cron, &deliveries, &shutdown).await,
+        None => run_by_size(&l, &deliveries, &shutdown).await,
+    }
+    deliveries.tracker.close();
+    deliveries.tracker.wait().await;
+}
 
-    if let Some(cron) = schedule {
+/// Schedule mode: at each fire time, delivers every due event.
+async fn run_on_schedule(
+    l: &BatchLoop,
+    cron: &Cron,
+    deliveries: &Deliveries,
+    shutdown: &CancellationToken,
+) {
+    loop {
+        let now = l.clock.now();
+        let Some(next) = cron.next_after(now) else {
+            warn!(topic = %l.topic.spec.name, schedule = %cron, "schedule never fires again");
+            return;
+        };
+        if !idle::sleep(idle::until(next, now), shutdown).await {
+            return;
+        }
+        // Fire: deliver everything due now, in batches of max_size.
         loop {
-            let now = clock.now();
-            let Some(next) = cron.next_after(now) else {
-                warn!(topic = %topic.spec.name, schedule = %cron, "schedule never fires again");
-                break;
-            };
-            let wait = Duration::from_millis(
-                u64::try_from(next.as_millisecond() - now.as_millisecond()).unwrap_or(0),
-            );
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = shutdown.cancelled() => break,
-            }
-            // Fire: deliver everything due now, in batches of max_size.
-            loop {
-                match store.claim(&req(settings.max_size)).await {
-                    Ok(batch) => {
-                        let n = batch.len() as u32;
-                        if n > 0 {
-                            send(batch).await;
-                        }
-                        if n < settings.max_size {
-                            break;
-                        }
+            match l.store.claim(&l.request(l.settings.max_size)).await {
+                Ok(batch) => {
+                    let n = batch.len() as u32;
+                    if n > 0 {
+                        deliveries.send(batch).await;
                     }
-                    Err(e) => {
-                        warn!(topic = %topic.spec.name, error = %e, "claim failed at schedule");
+                    if n < l.settings.max_size {
                         break;
                     }
                 }
-            }
-        }
-    } else {
-        let mut held: Vec<Claimed> = Vec::new();
-        let mut flush_at: Option<Instant> = None;
-        loop {
-            if shutdown.is_cancelled() {
-                break;
-            }
-            let want = settings.max_size - held.len() as u32;
-            match store.claim(&req(want)).await {
-                Ok(more) => {
-                    if held.is_empty()
-                        && let Some(first) = more.first()
-                    {
-                        // The oldest event has waited since it was received.
-                        let waited = jiff::Timestamp::now().as_millisecond()
-                            - first.event.received_at.as_millisecond();
-                        let left = settings.max_wait.saturating_sub(Duration::from_millis(
-                            u64::try_from(waited).unwrap_or(0),
-                        ));
-                        flush_at = Some(Instant::now() + left);
-                    }
-                    held.extend(more);
+                Err(e) => {
+                    warn!(topic = %l.topic.spec.name, error = %e, "claim failed at schedule");
+                    break;
                 }
-                Err(e) => warn!(topic = %topic.spec.name, error = %e, "claim failed; retrying"),
             }
-            let due = flush_at.is_some_and(|t| Instant::now() >= t);
-            if held.len() as u32 >= settings.max_size || (!held.is_empty() && due) {
-                send(std::mem::take(&mut held)).await;
-                flush_at = None;
-                continue;
-            }
-            let sleep = match flush_at {
-                Some(t) => t.saturating_duration_since(Instant::now()),
-                None => match store.next_due(&req(1)).await {
-                    Ok(Some(d)) => Duration::from_millis(
-                        u64::try_from(d.as_millisecond() - jiff::Timestamp::now().as_millisecond())
-                            .unwrap_or(0),
-                    )
-                    .clamp(Duration::from_millis(5), poll),
-                    _ => poll,
-                },
-            };
-            tokio::select! {
-                () = topic.wake.notified() => {}
-                () = tokio::time::sleep(sleep) => {}
-                () = shutdown.cancelled() => break,
-            }
-        }
-        // Held but never delivered: give them back at once rather than wait for the lease.
-        for c in held {
-            let release = mailroom_core::Completion::Retry {
-                delay: Duration::ZERO,
-                error: "released at shutdown before delivery".into(),
-            };
-            let _ = store.complete(c.event.id, c.token, release).await;
         }
     }
-    deliveries.close();
-    deliveries.wait().await;
+}
+
+/// Size/wait mode: holds a partial batch until it is full or has waited
+/// `max_wait`; at shutdown, gives back what it still holds.
+async fn run_by_size(l: &BatchLoop, deliveries: &Deliveries, shutdown: &CancellationToken) {
+    let mut held = Held::default();
+    while !shutdown.is_cancelled() {
+        let want = l.settings.max_size - held.events.len() as u32;
+        match l.store.claim(&l.request(want)).await {
+            Ok(more) => held.add(more, l.settings.max_wait),
+            Err(e) => warn!(topic = %l.topic.spec.name, error = %e, "claim failed; retrying"),
+        }
+        if held.ready(l.settings.max_size) {
+            deliveries.send(held.take()).await;
+            continue;
+        }
+        let sleep = match held.flush_at {
+            Some(t) => t.saturating_duration_since(Instant::now()),
+            None => idle::until_due(&*l.store, &l.request(1), l.poll, l.poll).await,
+        };
+        if !idle::nap(&l.topic.wake, sleep, shutdown).await {
+            break;
+        }
+    }
+    // Held but never delivered: give them back at once rather than wait for the lease.
+    for c in held.events {
+        release(&*l.store, &c, "released at shutdown before delivery").await;
+    }
+}
+
+/// A partial batch and when it is due for delivery.
+#[derive(Default)]
+struct Held {
+    events: Vec<Claimed>,
+    flush_at: Option<Instant>,
+}
+
+impl Held {
+    /// Adds claimed events; the first of a batch sets its flush time: the
+    /// oldest event has waited since it was received.
+    fn add(&mut self, more: Vec<Claimed>, max_wait: Duration) {
+        if self.events.is_empty()
+            && let Some(first) = more.first()
+        {
+            let waited = idle::until(jiff::Timestamp::now(), first.event.received_at);
+            self.flush_at = Some(Instant::now() + max_wait.saturating_sub(waited));
+        }
+        self.events.extend(more);
+    }
+
+    /// Whether the batch is full, or not empty and due.
+    fn ready(&self, max_size: u32) -> bool {
+        let due = self.flush_at.is_some_and(|t| Instant::now() >= t);
+        self.events.len() as u32 >= max_size || (!self.events.is_empty() && due)
+    }
+
+    /// The batch, leaving nothing held.
+    fn take(&mut self) -> Vec<Claimed> {
+        self.flush_at = None;
+        std::mem::take(&mut self.events)
+    }
+}
+
+/// Hands flushed batches to the handler, one delivery per group, at most
+/// the topic's concurrency at a time.
+struct Deliveries {
+    store: Arc<dyn Store>,
+    topic: Arc<TopicRuntime>,
+    handler: SharedHandler,
+    slots: Arc<Semaphore>,
+    group_by: Option<String>,
+    tracker: TaskTracker,
+}
+
+impl Deliveries {
+    /// Starts the deliveries of `batch`, waiting for free slots.
+    async fn send(&self, batch: Vec<Claimed>) {
+        for group in split(batch, self.group_by.as_deref()) {
+            let Ok(permit) = self.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (store, topic, handler) =
+                (self.store.clone(), self.topic.clone(), self.handler.clone());
+            self.tracker.spawn(async move {
+                deliver(&*store, &topic, &*handler, group).await;
+                drop(permit);
+            });
+        }
+    }
 }
 
 /// One delivery per `group_by` value (events without one form their own group).
@@ -215,33 +234,13 @@ async fn deliver(
     batch: Vec<Claimed>,
 ) {
     let events: Vec<Event> = batch.iter().map(|c| c.event.clone()).collect();
-    let started = Instant::now();
-    let verdict = match tokio::time::timeout(
-        topic.spec.timeout,
-        AssertUnwindSafe(handler.handle_batch(&events)).catch_unwind(),
-    )
-    .await
-    {
-        Ok(Ok(v)) => v,
-        Ok(Err(_)) => BatchOutcome::All(Outcome::retry("handler panicked")),
-        Err(_) => BatchOutcome::All(Outcome::retry(format!(
-            "timed out after {}",
-            mailroom_core::duration::format(topic.spec.timeout)
-        ))),
-    };
-    let elapsed = started.elapsed();
+    let (verdict, elapsed) = guarded(topic.spec.timeout, handler.handle_batch(&events)).await;
+    let verdict = verdict.unwrap_or_else(BatchOutcome::All);
     let items: Vec<_> = batch
         .iter()
         .map(|c| {
             let outcome = verdict.for_event(c.event.id);
-            let spread = rand::random::<f64>() * 2.0 - 1.0;
-            let completion = outcome.resolve(
-                c.event.attempts,
-                c.event.max_attempts,
-                &topic.spec.retry,
-                spread,
-            );
-            record_outcome(&c.event, &completion, Some(elapsed));
+            let completion = settle(topic, &c.event, outcome, elapsed);
             (c.event.id, c.token, completion)
         })
         .collect();

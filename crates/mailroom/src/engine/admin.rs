@@ -113,14 +113,19 @@ impl Engine {
     /// The alerts firing now, evaluated from the store's current numbers
     /// (the same on every instance sharing the store).
     pub async fn alerts(&self) -> Result<Vec<Alert>, StoreError> {
-        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, None).await
+        crate::maintenance::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, None)
+            .await
     }
 
     /// [`Engine::alerts`] over `stats` just read with [`Engine::stats`], so a
     /// caller showing both reads them once.
     pub async fn alerts_from(&self, stats: &[TopicStats]) -> Result<Vec<Alert>, StoreError> {
-        crate::dispatch::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, Some(stats))
-            .await
+        crate::maintenance::current_alerts(
+            self.inner.store.as_ref(),
+            &self.inner.alerts,
+            Some(stats),
+        )
+        .await
     }
 
     /// Skips a dead event so its key unblocks.

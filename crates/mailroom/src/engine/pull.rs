@@ -5,6 +5,8 @@
 //! own attempts do.
 
 use super::Engine;
+use crate::dispatch::attempt::resolve;
+use crate::dispatch::telemetry::record_outcome;
 use crate::topology::TopicSpec;
 use mailroom_core::{
     ClaimRequest, Claimed, Completion, EventId, FencingToken, Outcome, StoreError, Timestamp,
@@ -80,17 +82,12 @@ impl Engine {
         let event = self.get(id).await?.ok_or(StoreError::NotFound)?;
         let spec = self.spec_or_default(&event.topic);
         // The claim's attempt number is its token.
-        let completion = outcome.resolve(
-            token.0,
-            event.max_attempts,
-            &spec.retry,
-            rand::random::<f64>() * 2.0 - 1.0,
-        );
+        let completion = resolve(outcome, token.0, event.max_attempts, &spec.retry);
         self.inner
             .store
             .complete(id, token, completion.clone())
             .await?;
-        crate::dispatch::record_outcome(&event, &completion, None);
+        record_outcome(&event, &completion, None);
         self.wake(&event.topic);
         Ok(completion)
     }

@@ -1,0 +1,105 @@
+//! Running an attempt, shared by every mode: the handler under the topic's
+//! timeout with panics caught, and its verdict resolved by the retry policy
+//! into the completion the store records.
+
+use super::TopicRuntime;
+use super::telemetry::record_outcome;
+use crate::handler::Handler;
+use futures::FutureExt;
+use mailroom_core::{Claimed, Completion, Event, Outcome, RetryPolicy, Store, StoreError};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+use tracing::{Instrument, error, info_span, warn};
+
+/// Runs `work` (a handler call) under `timeout`, catching a panic. Returns
+/// the handler's verdict, or the retry [`Outcome`] a panic or a timeout
+/// stands for, and how long it took.
+pub(super) async fn guarded<T>(
+    timeout: Duration,
+    work: impl Future<Output = T>,
+) -> (Result<T, Outcome>, Duration) {
+    let started = Instant::now();
+    let verdict = match tokio::time::timeout(timeout, AssertUnwindSafe(work).catch_unwind()).await {
+        Ok(Ok(verdict)) => Ok(verdict),
+        Ok(Err(_)) => Err(Outcome::retry("handler panicked")),
+        Err(_) => Err(Outcome::retry(format!(
+            "timed out after {}",
+            mailroom_core::duration::format(timeout)
+        ))),
+    };
+    (verdict, started.elapsed())
+}
+
+/// Resolves a handler's verdict on attempt number `attempt` by `policy`,
+/// with a fresh jitter spread: the completion the store records. Built-in
+/// handlers and pull workers' verdicts go through here alike.
+pub(crate) fn resolve(
+    outcome: Outcome,
+    attempt: u32,
+    max_attempts: u32,
+    policy: &RetryPolicy,
+) -> Completion {
+    let spread = rand::random::<f64>() * 2.0 - 1.0;
+    outcome.resolve(attempt, max_attempts, policy, spread)
+}
+
+/// Resolves `outcome` for `event` by the topic's retry policy and records
+/// the attempt's telemetry.
+pub(super) fn settle(
+    topic: &TopicRuntime,
+    event: &Event,
+    outcome: Outcome,
+    elapsed: Duration,
+) -> Completion {
+    let completion = resolve(
+        outcome,
+        event.attempts,
+        event.max_attempts,
+        &topic.spec.retry,
+    );
+    record_outcome(event, &completion, Some(elapsed));
+    completion
+}
+
+/// One attempt of a single or sequential topic: the handler, its outcome
+/// resolved and stored with the claim's fencing token, then a wake-up for
+/// the topic's loop (a slot is free, and a key may have unblocked).
+pub(super) async fn run_attempt(
+    store: &dyn Store,
+    topic: &TopicRuntime,
+    handler: &dyn Handler,
+    c: Claimed,
+) {
+    let event = &c.event;
+    let span = info_span!("attempt", event_id = %event.id, topic = %event.topic,
+        attempt = event.attempts, correlation_id = event.correlation_id.as_deref().unwrap_or(""));
+    async {
+        let (verdict, elapsed) = guarded(topic.spec.timeout, handler.handle(event)).await;
+        let outcome = verdict.unwrap_or_else(|failed| failed);
+        let completion = settle(topic, event, outcome, elapsed);
+        match store.complete(event.id, c.token, completion).await {
+            Ok(()) => {}
+            Err(StoreError::StaleToken) => {
+                warn!("outcome discarded: the lease was lost and the event was handed to another worker");
+            }
+            Err(e) => {
+                // The lease will expire and the event will be rescued.
+                error!(error = %e, "could not record the outcome; the event will be retried after its lease");
+            }
+        }
+        topic.wake.notify_one();
+    }
+    .instrument(span)
+    .await;
+}
+
+/// Gives a claimed event back at once (pending, due now, the attempt
+/// recorded as a retry), instead of leaving it to its lease.
+pub(super) async fn release(store: &dyn Store, c: &Claimed, why: &str) {
+    let release = Completion::Retry {
+        delay: Duration::ZERO,
+        error: why.into(),
+    };
+    let _ = store.complete(c.event.id, c.token, release).await;
+}

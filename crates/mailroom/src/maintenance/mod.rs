@@ -1,0 +1,78 @@
+//! Maintenance: the periodic work one elected instance does for everyone
+//! sharing a store (lease rescue, retention, alerts), as one service that
+//! runs until shutdown.
+//!
+//! The tasks share one election: each period the service renews (or tries
+//! to take) the `maintenance` lease, and only its holder runs them. Lease
+//! rescue runs every period; retention and alerts on their own, longer
+//! schedules. A task is a small struct that knows its schedule and does
+//! one round when asked.
+
+mod alerts;
+mod rescue;
+mod retention;
+
+pub(crate) use alerts::current_alerts;
+
+use crate::dispatch::TopicRuntime;
+use crate::dispatch::idle::sleep;
+use alerts::AlertReporter;
+use mailroom_core::{AlertRules, Retention, Store};
+use rescue::LeaseRescue;
+use retention::RetentionRun;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// The name of the lease the maintenance instance holds.
+const ROLE: &str = "maintenance";
+
+/// What the maintenance service looks after.
+pub(crate) struct Maintenance {
+    pub store: Arc<dyn Store>,
+    pub topics: Vec<Arc<TopicRuntime>>,
+    pub retention: Retention,
+    pub alerts: AlertRules,
+    /// How often the elected instance evaluates `alerts`.
+    pub alert_every: Duration,
+    pub period: Duration,
+    pub worker: String,
+}
+
+impl Maintenance {
+    /// Runs until `shutdown`. With several instances on one store, only the
+    /// holder of the `maintenance` lease (renewed every period, expiring
+    /// after a few) does the work.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let Self {
+            store,
+            topics,
+            retention,
+            alerts,
+            alert_every,
+            period,
+            worker,
+        } = self;
+        let rescue = LeaseRescue::new(store.clone(), topics);
+        let mut retention = RetentionRun::new(store.clone(), retention);
+        let mut alerts = AlertReporter::new(store.clone(), alerts, alert_every);
+        let ttl = (period * 5).max(Duration::from_secs(5));
+        loop {
+            match store.try_lead(ROLE, &worker, ttl).await {
+                Ok(true) => {
+                    rescue.run_once().await;
+                    retention.run_if_due().await;
+                    alerts.run_if_due().await;
+                }
+                // Another instance reports alerts now; forget ours, so that
+                // taking over later logs what is still firing.
+                Ok(false) => alerts.forget(),
+                Err(e) => warn!(error = %e, "maintenance election failed"),
+            }
+            if !sleep(period, &shutdown).await {
+                break;
+            }
+        }
+    }
+}
