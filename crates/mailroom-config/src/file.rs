@@ -37,7 +37,7 @@ pub struct Config {
     pub topics: Vec<TopicConfig>,
     /// AMQP topology (declared at start and by `mailroom amqp declare`).
     #[serde(default)]
-    pub amqp: Option<toml::Value>,
+    pub amqp: Option<AmqpConfig>,
     /// Where this configuration came from, for messages.
     #[serde(skip)]
     pub origin: String,
@@ -209,8 +209,8 @@ pub struct SourceConfig {
     pub verify: Option<VerifyConfig>,
     /// Largest accepted body, e.g. `"1MiB"` or `65536`.
     pub max_body: Option<ByteSize>,
-    /// AMQP source settings.
-    pub amqp: Option<toml::Value>,
+    /// Consume a RabbitMQ queue instead of receiving webhooks.
+    pub amqp: Option<AmqpSourceConfig>,
     /// Per-source rate limit, `"<n>/s"`, `"<n>/m"` or `"<n>/h"`, e.g.
     /// `"1000/s"`; requests beyond it get 429 with `Retry-After`.
     pub rate_limit: Option<String>,
@@ -402,7 +402,7 @@ pub struct HandlerConfig {
     /// Run a program.
     pub command: Option<Vec<String>>,
     /// Publish to RabbitMQ.
-    pub amqp: Option<toml::Value>,
+    pub amqp: Option<AmqpHandlerConfig>,
     /// External pull workers.
     pub pull: Option<bool>,
 }
@@ -423,6 +423,136 @@ pub struct HttpHandlerConfig {
     pub headers: BTreeMap<String, String>,
     /// Statuses that mean "never retry" (default `[410]`).
     pub permanent_statuses: Option<Vec<u16>>,
+}
+
+/// `[amqp]`: exchanges, queues and bindings declared at `url` when `serve`
+/// starts, after every reconnect, and by `mailroom amqp declare`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// Broker the topology is declared on; also the default `url` of AMQP
+    /// sources and handlers.
+    pub url: Option<String>,
+    /// `[[amqp.exchange]]`.
+    #[serde(default, rename = "exchange")]
+    pub exchanges: Vec<AmqpExchangeConfig>,
+    /// `[[amqp.queue]]`.
+    #[serde(default, rename = "queue")]
+    pub queues: Vec<AmqpQueueConfig>,
+    /// `[[amqp.binding]]`: bindings beside the queues' own `bind`.
+    #[serde(default, rename = "binding")]
+    pub bindings: Vec<AmqpBindingConfig>,
+}
+
+/// `[[amqp.exchange]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpExchangeConfig {
+    /// Its name.
+    pub name: String,
+    /// `topic`, `direct`, `fanout` or `headers`.
+    pub kind: String,
+    /// Survives a broker restart (default true).
+    #[serde(default = "yes")]
+    pub durable: bool,
+}
+
+/// `[[amqp.queue]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpQueueConfig {
+    /// Its name.
+    pub name: String,
+    /// Survives a broker restart (default true).
+    #[serde(default = "yes")]
+    pub durable: bool,
+    /// Message TTL (`x-message-ttl`), e.g. `"7d"`.
+    #[serde(default, with = "duration::serde_opt")]
+    pub ttl: Option<Duration>,
+    /// Most ready messages kept (`x-max-length`).
+    pub max_length: Option<u64>,
+    /// Declare `<exchange>.dlx` (direct) and `<queue>.dlq`, and dead-letter
+    /// into them (`x-dead-letter-exchange`).
+    #[serde(default)]
+    pub dead_letter: bool,
+    /// `bind = { exchange, routing_key }`, or a list of them.
+    pub bind: Option<AmqpBinds>,
+}
+
+/// One binding, or several.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum AmqpBinds {
+    /// `bind = { exchange, routing_key }`.
+    One(AmqpBindConfig),
+    /// `bind = [{...}, {...}]`.
+    Many(Vec<AmqpBindConfig>),
+}
+
+impl AmqpBinds {
+    /// The bindings, in order.
+    pub fn all(&self) -> &[AmqpBindConfig] {
+        match self {
+            AmqpBinds::One(b) => std::slice::from_ref(b),
+            AmqpBinds::Many(v) => v,
+        }
+    }
+}
+
+/// `bind = { exchange, routing_key }` of a queue.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpBindConfig {
+    /// The exchange.
+    pub exchange: String,
+    /// The routing key, a pattern on topic exchanges (default `""`).
+    #[serde(default)]
+    pub routing_key: String,
+}
+
+/// `[[amqp.binding]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpBindingConfig {
+    /// A queue of `[[amqp.queue]]`.
+    pub queue: String,
+    /// The exchange.
+    pub exchange: String,
+    /// The routing key (default `""`).
+    #[serde(default)]
+    pub routing_key: String,
+}
+
+/// `amqp = { url, queue, prefetch }` of a `[[source]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSourceConfig {
+    /// Broker (default: `[amqp].url`).
+    pub url: Option<String>,
+    /// Queue consumed.
+    pub queue: String,
+    /// Unacknowledged deliveries in flight (`basic.qos`, default 10).
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u16,
+}
+
+fn default_prefetch() -> u16 {
+    10
+}
+
+/// `amqp = { url, exchange, routing_key, envelope }` of a topic's handler.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpHandlerConfig {
+    /// Broker (default: `[amqp].url`).
+    pub url: Option<String>,
+    /// Exchange published to (`""`: the default exchange).
+    pub exchange: String,
+    /// Routing key; `{type}`, `{topic}` and `{key}` are filled in.
+    pub routing_key: String,
+    /// Publish the JSON envelope instead of the raw payload (default false).
+    #[serde(default)]
+    pub envelope: bool,
 }
 
 #[cfg(test)]

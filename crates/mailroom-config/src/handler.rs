@@ -1,5 +1,6 @@
 //! Builds a topic's built-in handler from `handler = {...}`.
 
+use crate::amqp::{AmqpHandlerPlan, AmqpPlan};
 use crate::error::ConfigError;
 use crate::file::{Config, HandlerConfig};
 use mailroom::TopicSpec;
@@ -8,12 +9,14 @@ use mailroom::handler::command::CommandHandler;
 use mailroom::handler::http::{HttpHandler, HttpHandlerSettings};
 use std::sync::Arc;
 
-/// The built-in handler of `topic[idx]`; `Ok(None)` for pull topics.
+/// The built-in handler of `topic[idx]`; `Ok(None)` for pull topics. An
+/// AMQP handler is also recorded in `amqp`, to be attached to its connection.
 pub(crate) fn handler(
     h: &HandlerConfig,
     topic: &TopicSpec,
     idx: usize,
     cfg: &Config,
+    amqp: &mut AmqpPlan,
 ) -> Result<Option<SharedHandler>, ConfigError> {
     let at = |k: &str| format!("topic[{idx}].handler{k}");
     let given = [
@@ -66,11 +69,14 @@ pub(crate) fn handler(
             CommandHandler::new(argv.clone()).map_err(|m| cfg.invalid(at(".command"), m))?;
         return Ok(Some(Arc::new(handler)));
     }
-    if h.amqp.is_some() {
-        return Err(cfg.invalid(
-            at(".amqp"),
-            "AMQP publishing is not available in this build yet",
-        ));
+    if let Some(a) = &h.amqp {
+        let (url, handler) = crate::amqp::handler(a, idx, cfg)?;
+        amqp.handlers.push(AmqpHandlerPlan {
+            url,
+            topic: topic.name.clone(),
+            handler: handler.clone(),
+        });
+        return Ok(Some(Arc::new(handler)));
     }
     match h.pull {
         Some(true) => Ok(None),

@@ -22,6 +22,7 @@
 //! # Ok::<(), mailroom_config::ConfigError>(())
 //! ```
 
+pub mod amqp;
 mod error;
 pub mod file;
 mod handler;
@@ -30,6 +31,7 @@ mod source;
 mod topic;
 mod topology;
 
+pub use amqp::AmqpPlan;
 pub use error::ConfigError;
 pub use file::Config;
 pub use load::locate;

@@ -2,6 +2,7 @@
 //! handlers: what `serve` hands to the engine and `mailroom config check`
 //! prints.
 
+use crate::amqp::AmqpPlan;
 use crate::error::ConfigError;
 use crate::file::Config;
 use crate::handler::handler;
@@ -19,6 +20,10 @@ pub struct Topology {
     pub topics: Vec<(TopicSpec, Option<SharedHandler>)>,
     /// Webhook sources.
     pub sources: Vec<SourceSpec>,
+    /// `[amqp]`, AMQP sources and AMQP handlers, by broker. Take it out
+    /// (`std::mem::take`) before [`into_builder`](Self::into_builder) to
+    /// start its connections once the engine is built.
+    pub amqp: AmqpPlan,
     /// Retention windows.
     pub retention: Retention,
     /// Alert thresholds.
@@ -29,31 +34,33 @@ impl Topology {
     /// Validates `config` and builds its topics, handlers and sources; the
     /// first problem is an error naming its key.
     pub fn from_config(config: &Config) -> Result<Topology, ConfigError> {
-        if config.amqp.is_some() {
-            return Err(config.invalid("amqp", "AMQP topology is not available in this build yet"));
-        }
+        let mut amqp = crate::amqp::plan(config)?;
         let mut topics = Vec::new();
         for (i, t) in config.topics.iter().enumerate() {
             let spec = topic_spec(t, i, config)?;
             let handler = match &t.handler {
-                Some(h) => handler(h, &spec, i, config)?,
+                Some(h) => handler(h, &spec, i, config, &mut amqp)?,
                 None => None,
             };
             topics.push((spec, handler));
         }
         let mut sources = Vec::new();
         for (i, s) in config.sources.iter().enumerate() {
-            if s.amqp.is_some() {
-                return Err(config.invalid(
-                    format!("source[{i}].amqp"),
-                    "AMQP sources are not available in this build yet",
-                ));
+            let Some(consumer) = crate::amqp::source(s, i, config)? else {
+                sources.push(source_spec(s, i, config)?);
+                continue;
+            };
+            // An AMQP source's undeclared topic gets defaults, as a webhook source's does.
+            let topic = &consumer.1.topic;
+            if !topics.iter().any(|(t, _)| &t.name == topic) {
+                topics.push((TopicSpec::new(topic.clone()), None));
             }
-            sources.push(source_spec(s, i, config)?);
+            amqp.sources.push(consumer);
         }
         Ok(Topology {
             topics,
             sources,
+            amqp,
             alerts: alert_rules(config)?,
             retention: Retention {
                 done: config.retention.done,

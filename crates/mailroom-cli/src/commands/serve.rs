@@ -30,8 +30,15 @@ async fn serve(config: Config) -> Result<()> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("cannot install the metrics recorder")?;
+    let topology = Topology::from_config(&config)?;
+    if !topology.amqp.is_empty() {
+        bail!(
+            "{}: [amqp], AMQP sources and AMQP handlers are parsed but `serve` does not run them yet",
+            config.origin
+        );
+    }
     let store = open(&config).await?;
-    let engine = Topology::from_config(&config)?
+    let engine = topology
         .into_builder(store)
         .accept_undeclared_sources(loopback)
         .build()?;

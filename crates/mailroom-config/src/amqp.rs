@@ -1,0 +1,565 @@
+//! The RabbitMQ side of a configuration (SPEC §5, §6, §9): `[amqp]` turned
+//! into a [`mailroom_amqp::Topology`], `[[source]] amqp = {...}` into
+//! [`AmqpSourceSpec`]s and `handler = { amqp = {...} }` into
+//! [`AmqpHandler`]s, grouped by broker URL in an [`AmqpPlan`].
+
+use crate::error::ConfigError;
+use crate::file::{AmqpConfig, AmqpHandlerConfig, AmqpQueueConfig, Config, SourceConfig};
+use crate::source::field;
+use mailroom::Engine;
+use mailroom_amqp::{
+    AmqpConnection, AmqpError, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec,
+    ExchangeSpec, ExchangeType, QueueSpec, Topology,
+};
+
+/// Longest name AMQP 0-9-1 carries (a short string).
+const MAX_NAME: usize = 255;
+
+/// Everything AMQP a configuration runs, grouped by broker.
+#[derive(Debug, Default)]
+pub struct AmqpPlan {
+    /// `[amqp].url`: where [`topology`](Self::topology) is declared.
+    pub url: Option<String>,
+    /// `[amqp]`'s exchanges, queues and bindings.
+    pub topology: Topology,
+    /// AMQP sources, each with its broker URL.
+    pub sources: Vec<(String, AmqpSourceSpec)>,
+    /// AMQP handlers, each with its broker URL and topic.
+    pub handlers: Vec<AmqpHandlerPlan>,
+}
+
+/// A topic's AMQP handler and where it publishes.
+#[derive(Debug)]
+pub struct AmqpHandlerPlan {
+    /// Broker URL.
+    pub url: String,
+    /// The topic it handles.
+    pub topic: String,
+    /// The handler (a clone of the one registered for the topic).
+    pub handler: AmqpHandler,
+}
+
+impl AmqpPlan {
+    /// No topology, source or handler: nothing to connect to.
+    pub fn is_empty(&self) -> bool {
+        self.urls().is_empty()
+    }
+
+    /// The distinct broker URLs, `[amqp].url` first.
+    pub fn urls(&self) -> Vec<&str> {
+        let mut urls: Vec<&str> = vec![];
+        let all = self.url.iter().map(String::as_str);
+        let all = all
+            .chain(self.sources.iter().map(|(u, _)| u.as_str()))
+            .chain(self.handlers.iter().map(|h| h.url.as_str()));
+        for u in all {
+            if !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+        urls
+    }
+
+    /// One supervised connection per broker URL: the topology on
+    /// `[amqp].url`'s, each source and handler on its own URL's. The engine
+    /// must hold the sources' topics (built from the same [`Topology`](crate::Topology)).
+    pub fn connections(&self, engine: &Engine) -> Result<Vec<AmqpConnection>, AmqpError> {
+        let mut connections = vec![];
+        for url in self.urls() {
+            let mut conn = AmqpConnection::new(url);
+            if self.url.as_deref() == Some(url) {
+                conn = conn.topology(self.topology.clone());
+            }
+            for (_, spec) in self.sources.iter().filter(|(u, _)| u == url) {
+                conn = conn.source(AmqpSource::new(engine.clone(), spec.clone())?);
+            }
+            for h in self.handlers.iter().filter(|h| h.url == url) {
+                conn = conn.handler(h.handler.clone());
+            }
+            connections.push(conn);
+        }
+        Ok(connections)
+    }
+}
+
+/// `[amqp]` of `cfg`, validated (an empty plan when absent).
+pub(crate) fn plan(cfg: &Config) -> Result<AmqpPlan, ConfigError> {
+    let Some(a) = &cfg.amqp else {
+        return Ok(AmqpPlan::default());
+    };
+    if let Some(url) = &a.url {
+        check_url(url, "amqp.url", cfg)?;
+    } else if !a.exchanges.is_empty() || !a.queues.is_empty() || !a.bindings.is_empty() {
+        return Err(cfg.invalid(
+            "amqp.url",
+            "missing: the broker to declare exchanges and queues on, e.g. \"amqp://127.0.0.1:5672/%2f\"",
+        ));
+    }
+    let mut topology = Topology::default();
+    for (i, e) in a.exchanges.iter().enumerate() {
+        let at = format!("amqp.exchange[{i}]");
+        check_name(&e.name, &format!("{at}.name"), cfg)?;
+        if topology.exchanges.iter().any(|x| x.name == e.name) {
+            return Err(cfg.invalid(at + ".name", format!("{:?} is declared twice", e.name)));
+        }
+        let kind: ExchangeType = e
+            .kind
+            .parse()
+            .map_err(|m| cfg.invalid(format!("{at}.kind"), m))?;
+        topology.exchanges.push(ExchangeSpec {
+            durable: e.durable,
+            ..ExchangeSpec::new(&e.name, kind)
+        });
+    }
+    for (i, q) in a.queues.iter().enumerate() {
+        let spec = queue(q, &format!("amqp.queue[{i}]"), &topology, cfg)?;
+        topology.queues.push(spec);
+    }
+    extra_bindings(a, &mut topology, cfg)?;
+    Ok(AmqpPlan {
+        url: a.url.clone(),
+        topology,
+        ..AmqpPlan::default()
+    })
+}
+
+fn queue(
+    q: &AmqpQueueConfig,
+    at: &str,
+    topology: &Topology,
+    cfg: &Config,
+) -> Result<QueueSpec, ConfigError> {
+    check_name(&q.name, &format!("{at}.name"), cfg)?;
+    if topology.queues.iter().any(|x| x.name == q.name) {
+        return Err(cfg.invalid(
+            format!("{at}.name"),
+            format!("{:?} is declared twice", q.name),
+        ));
+    }
+    let mut spec = QueueSpec {
+        durable: q.durable,
+        ttl: q.ttl,
+        max_length: q.max_length,
+        dead_letter: q.dead_letter,
+        ..QueueSpec::new(&q.name)
+    };
+    if q.ttl.is_some_and(|t| t.is_zero()) {
+        return Err(cfg.invalid(format!("{at}.ttl"), "must be more than 0"));
+    }
+    for (j, b) in q.bind.iter().flat_map(|b| b.all()).enumerate() {
+        let bat = match &q.bind {
+            Some(crate::file::AmqpBinds::Many(_)) => format!("{at}.bind[{j}]"),
+            _ => format!("{at}.bind"),
+        };
+        check_exchange(&b.exchange, &format!("{bat}.exchange"), topology, cfg)?;
+        check_short(&b.routing_key, &format!("{bat}.routing_key"), cfg)?;
+        spec = spec.bind(&b.exchange, &b.routing_key);
+    }
+    // The broker's limits (TTL in u32 milliseconds, max length in i64).
+    spec.arguments()
+        .map_err(|e| cfg.invalid(format!("{at}.ttl"), e.to_string()))?;
+    Ok(spec)
+}
+
+/// `[[amqp.binding]]`: each names a declared queue and exchange.
+fn extra_bindings(
+    a: &AmqpConfig,
+    topology: &mut Topology,
+    cfg: &Config,
+) -> Result<(), ConfigError> {
+    for (i, b) in a.bindings.iter().enumerate() {
+        let at = format!("amqp.binding[{i}]");
+        check_exchange(&b.exchange, &format!("{at}.exchange"), topology, cfg)?;
+        check_short(&b.routing_key, &format!("{at}.routing_key"), cfg)?;
+        let Some(q) = topology.queues.iter_mut().find(|q| q.name == b.queue) else {
+            return Err(cfg.invalid(
+                format!("{at}.queue"),
+                format!("{:?} is not declared in [[amqp.queue]]", b.queue),
+            ));
+        };
+        *q = std::mem::replace(q, QueueSpec::new("")).bind(&b.exchange, &b.routing_key);
+    }
+    Ok(())
+}
+
+/// A bound exchange must be declared, or be one the broker always has.
+fn check_exchange(
+    name: &str,
+    key: &str,
+    topology: &Topology,
+    cfg: &Config,
+) -> Result<(), ConfigError> {
+    if topology.exchanges.iter().any(|e| e.name == name) || name.starts_with("amq.") {
+        return Ok(());
+    }
+    Err(cfg.invalid(
+        key,
+        format!("exchange {name:?} is not declared in [[amqp.exchange]]"),
+    ))
+}
+
+fn check_name(name: &str, key: &str, cfg: &Config) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(cfg.invalid(key, "must not be empty"));
+    }
+    check_short(name, key, cfg)
+}
+
+fn check_short(value: &str, key: &str, cfg: &Config) -> Result<(), ConfigError> {
+    if value.len() > MAX_NAME {
+        return Err(cfg.invalid(key, format!("longer than {MAX_NAME} bytes, the AMQP limit")));
+    }
+    Ok(())
+}
+
+fn check_url(url: &str, key: &str, cfg: &Config) -> Result<(), ConfigError> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => Ok(()),
+        _ => Err(cfg.invalid(
+            key,
+            "not an AMQP URL like \"amqp://user:password@host:5672/%2f\"",
+        )),
+    }
+}
+
+/// `url`, else `[amqp].url`, at `key`.
+fn url_or_default(url: &Option<String>, key: &str, cfg: &Config) -> Result<String, ConfigError> {
+    let url = url
+        .clone()
+        .or_else(|| cfg.amqp.as_ref().and_then(|a| a.url.clone()))
+        .ok_or_else(|| cfg.invalid(key, "missing (and [amqp] has no url to default to)"))?;
+    check_url(&url, key, cfg)?;
+    Ok(url)
+}
+
+/// `source[idx]` with `amqp = {...}`: its consumer's spec and broker URL.
+/// Webhook-only keys are refused, since a queue has no requests to verify.
+pub(crate) fn source(
+    s: &SourceConfig,
+    idx: usize,
+    cfg: &Config,
+) -> Result<Option<(String, AmqpSourceSpec)>, ConfigError> {
+    let Some(a) = &s.amqp else { return Ok(None) };
+    let at = |k: &str| format!("source[{idx}].{k}");
+    let webhook_only = [
+        ("id", s.id.is_some()),
+        ("type", s.event_type.is_some()),
+        ("verify", s.verify.is_some()),
+        ("preset", s.preset.is_some()),
+        ("max_body", s.max_body.is_some()),
+        ("rate_limit", s.rate_limit.is_some()),
+    ];
+    if let Some((k, _)) = webhook_only.iter().find(|(_, given)| *given) {
+        return Err(cfg.invalid(
+            at(k),
+            "webhook sources only: an AMQP source takes its dedup key from message_id (else the envelope's eventId) and its type from the message",
+        ));
+    }
+    let url = url_or_default(&a.url, &at("amqp.url"), cfg)?;
+    check_name(&a.queue, &at("amqp.queue"), cfg)?;
+    if a.prefetch == 0 {
+        return Err(cfg.invalid(
+            at("amqp.prefetch"),
+            "must be at least 1 (it bounds the deliveries stored at once)",
+        ));
+    }
+    let key = s
+        .key
+        .as_ref()
+        .map(|f| field(f, &at("key"), cfg))
+        .transpose()?;
+    let spec = AmqpSourceSpec {
+        prefetch: a.prefetch,
+        key,
+        ..AmqpSourceSpec::new(
+            &s.name,
+            s.topic.clone().unwrap_or_else(|| s.name.clone()),
+            &a.queue,
+        )
+    };
+    Ok(Some((url, spec)))
+}
+
+/// `handler = { amqp = {...} }` of `topic[idx]`: the handler and its broker URL.
+pub(crate) fn handler(
+    h: &AmqpHandlerConfig,
+    idx: usize,
+    cfg: &Config,
+) -> Result<(String, AmqpHandler), ConfigError> {
+    let at = |k: &str| format!("topic[{idx}].handler.amqp.{k}");
+    let url = url_or_default(&h.url, &at("url"), cfg)?;
+    check_short(&h.exchange, &at("exchange"), cfg)?;
+    if h.routing_key.is_empty() && h.exchange.is_empty() {
+        return Err(cfg.invalid(
+            at("routing_key"),
+            "the default exchange (\"\") routes by queue name: give the queue's name",
+        ));
+    }
+    if let Some(bad) = unknown_placeholder(&h.routing_key) {
+        return Err(cfg.invalid(
+            at("routing_key"),
+            format!("unknown placeholder {{{bad}}}: use {{type}}, {{topic}} or {{key}}"),
+        ));
+    }
+    let spec = AmqpHandlerSpec {
+        envelope: h.envelope,
+        ..AmqpHandlerSpec::new(&h.exchange, &h.routing_key)
+    };
+    Ok((url, AmqpHandler::new(spec)))
+}
+
+/// The first `{name}` in `template` other than `type`, `topic` and `key`.
+fn unknown_placeholder(template: &str) -> Option<&str> {
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let close = after.find('}')?;
+        let name = &after[..close];
+        if !matches!(name, "type" | "topic" | "key") {
+            return Some(name);
+        }
+        rest = &after[close + 1..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Topology};
+    use mailroom::Field;
+    use mailroom_amqp::{Binding, ExchangeType};
+    use std::time::Duration;
+
+    fn topology(toml: &str) -> Result<Topology, String> {
+        let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
+        Topology::from_config(&config).map_err(|e| e.to_string())
+    }
+
+    fn refused(toml: &str) -> String {
+        topology(toml).map(|_| ()).unwrap_err()
+    }
+
+    const SPEC_EXAMPLE: &str = r#"
+[[source]]
+name = "simulacoes"
+topic = "simulacoes"
+amqp = { url = "amqp://127.0.0.1:5672/%2f", queue = "simulacoes.created", prefetch = 10 }
+
+[[topic]]
+name = "outbox"
+handler = { amqp = { url = "amqp://127.0.0.1:5672/%2f", exchange = "simulacoes.events", routing_key = "{type}" } }
+
+[amqp]
+url = "amqp://127.0.0.1:5672/%2f"
+[[amqp.exchange]]
+name = "simulacoes.events"
+kind = "topic"
+[[amqp.queue]]
+name = "simulacoes.created"
+bind = { exchange = "simulacoes.events", routing_key = "simulacao.created" }
+ttl = "7d"
+dead_letter = true
+"#;
+
+    /// SPEC §9's example parses into one topology, one source and one handler, all on one broker.
+    #[test]
+    fn the_spec_example_becomes_a_plan_on_one_connection() {
+        let t = topology(SPEC_EXAMPLE).unwrap();
+        let plan = &t.amqp;
+        assert_eq!(plan.urls(), vec!["amqp://127.0.0.1:5672/%2f"]);
+        let ex = &plan.topology.exchanges[0];
+        assert_eq!(
+            (ex.name.as_str(), ex.kind, ex.durable),
+            ("simulacoes.events", ExchangeType::Topic, true)
+        );
+        let q = &plan.topology.queues[0];
+        assert_eq!(q.name, "simulacoes.created");
+        assert_eq!(q.ttl, Some(Duration::from_secs(7 * 86400)));
+        assert!(q.dead_letter && q.durable);
+        assert_eq!(
+            q.bindings,
+            vec![Binding {
+                exchange: "simulacoes.events".into(),
+                routing_key: "simulacao.created".into()
+            }]
+        );
+        let (url, source) = &plan.sources[0];
+        assert_eq!(url, "amqp://127.0.0.1:5672/%2f");
+        assert_eq!(
+            (
+                source.name.as_str(),
+                source.topic.as_str(),
+                source.queue.as_str(),
+                source.prefetch
+            ),
+            ("simulacoes", "simulacoes", "simulacoes.created", 10)
+        );
+        assert_eq!(plan.handlers[0].topic, "outbox");
+        assert_eq!(plan.handlers[0].handler.spec().routing_key, "{type}");
+        assert!(!plan.handlers[0].handler.spec().envelope);
+        // The source's undeclared topic exists, with defaults and no handler.
+        assert!(
+            t.topics
+                .iter()
+                .any(|(s, h)| s.name == "simulacoes" && h.is_none())
+        );
+        assert!(
+            t.topics
+                .iter()
+                .any(|(s, h)| s.name == "outbox" && h.is_some())
+        );
+        assert!(
+            t.sources.is_empty(),
+            "an AMQP source is not a webhook source"
+        );
+    }
+
+    /// Sources and handlers without `url` use `[amqp].url`; prefetch defaults to 10; `key` and
+    /// `envelope` are read; bindings come from `bind` lists and `[[amqp.binding]]`.
+    #[test]
+    fn defaults_lists_and_extra_bindings() {
+        let t = topology(
+            r#"
+[amqp]
+url = "amqp://guest:guest@rabbit/%2f"
+exchange = [{ name = "ev", kind = "direct", durable = false }]
+queue = [{ name = "q", durable = false, max_length = 500, bind = [{ exchange = "ev", routing_key = "a" }, { exchange = "amq.topic", routing_key = "b.#" }] }]
+binding = [{ queue = "q", exchange = "ev", routing_key = "c" }]
+
+[[source]]
+name = "in"
+key = { json = "/customer" }
+amqp = { queue = "q" }
+
+[[topic]]
+name = "out"
+handler = { amqp = { exchange = "ev", routing_key = "{topic}.{key}", envelope = true } }
+"#,
+        )
+        .unwrap();
+        let plan = &t.amqp;
+        assert_eq!(plan.urls(), vec!["amqp://guest:guest@rabbit/%2f"]);
+        assert!(!plan.topology.exchanges[0].durable);
+        let q = &plan.topology.queues[0];
+        assert_eq!((q.durable, q.max_length), (false, Some(500)));
+        let keys: Vec<_> = q.bindings.iter().map(|b| b.routing_key.as_str()).collect();
+        assert_eq!(keys, ["a", "b.#", "c"]);
+        assert_eq!(plan.sources[0].1.prefetch, 10);
+        assert_eq!(plan.sources[0].1.key, Some(Field::Json("/customer".into())));
+        assert!(plan.handlers[0].handler.spec().envelope);
+    }
+
+    /// Sources and handlers on other brokers get their own connections, `[amqp].url` first.
+    #[test]
+    fn one_connection_per_distinct_url() {
+        let t = topology(
+            r#"
+[amqp]
+url = "amqp://a/%2f"
+[[source]]
+name = "s1"
+amqp = { queue = "q1", url = "amqp://b/%2f" }
+[[source]]
+name = "s2"
+amqp = { queue = "q2" }
+[[topic]]
+name = "t"
+handler = { amqp = { exchange = "", routing_key = "q", url = "amqp://b/%2f" } }
+"#,
+        )
+        .unwrap();
+        assert_eq!(t.amqp.urls(), vec!["amqp://a/%2f", "amqp://b/%2f"]);
+        assert!(topology("").unwrap().amqp.is_empty());
+    }
+
+    /// Every mistake is refused with the key path that holds it.
+    #[test]
+    fn mistakes_name_their_key() {
+        let cases = [
+            (
+                "[amqp]\n[[amqp.exchange]]\nname = \"e\"\nkind = \"topic\"\n",
+                "amqp.url",
+            ),
+            ("[amqp]\nurl = \"http://x\"\n", "amqp.url"),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.exchange]]\nname = \"e\"\nkind = \"round-robin\"\n",
+                "amqp.exchange[0].kind",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.exchange]]\nname = \"\"\nkind = \"topic\"\n",
+                "amqp.exchange[0].name",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.exchange]]\nname = \"e\"\nkind = \"topic\"\n[[amqp.exchange]]\nname = \"e\"\nkind = \"topic\"\n",
+                "amqp.exchange[1].name",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\nbind = { exchange = \"nope\" }\n",
+                "amqp.queue[0].bind.exchange",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\nttl = \"0s\"\n",
+                "amqp.queue[0].ttl",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\nttl = \"60d\"\n",
+                "amqp.queue[0].ttl",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\nttl = \"soon\"\n",
+                "amqp.queue[0].ttl",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\nlazy = true\n",
+                "amqp.queue[0]",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.binding]]\nqueue = \"q\"\nexchange = \"amq.direct\"\n",
+                "amqp.binding[0].queue",
+            ),
+            (
+                "[[source]]\nname = \"s\"\namqp = { queue = \"q\" }\n",
+                "source[0].amqp.url",
+            ),
+            (
+                "[[source]]\nname = \"s\"\namqp = { url = \"amqp://x\", queue = \"q\", prefetch = 0 }\n",
+                "source[0].amqp.prefetch",
+            ),
+            (
+                "[[source]]\nname = \"s\"\namqp = { url = \"amqp://x\", queue = \"\" }\n",
+                "source[0].amqp.queue",
+            ),
+            (
+                "[[source]]\nname = \"s\"\namqp = { url = \"amqp://x\" }\n",
+                "source[0].amqp",
+            ),
+            (
+                "[[source]]\nname = \"s\"\nid = { json = \"/id\" }\namqp = { url = \"amqp://x\", queue = \"q\" }\n",
+                "source[0].id",
+            ),
+            (
+                "[[source]]\nname = \"s\"\nkey = { json = \"no-slash\" }\namqp = { url = \"amqp://x\", queue = \"q\" }\n",
+                "source[0].key",
+            ),
+            (
+                "[[topic]]\nname = \"t\"\nhandler = { amqp = { exchange = \"e\", routing_key = \"k\" } }\n",
+                "topic[0].handler.amqp.url",
+            ),
+            (
+                "[[topic]]\nname = \"t\"\nhandler = { amqp = { url = \"amqp://x\", exchange = \"e\", routing_key = \"{id}\" } }\n",
+                "topic[0].handler.amqp.routing_key",
+            ),
+            (
+                "[[topic]]\nname = \"t\"\nhandler = { amqp = { url = \"amqp://x\", exchange = \"e\" } }\n",
+                "topic[0].handler.amqp",
+            ),
+        ];
+        for (toml, key) in cases {
+            let err = refused(toml);
+            assert!(
+                err.starts_with(&format!("m.toml: {key}")),
+                "{toml}\n=> {err}"
+            );
+        }
+    }
+}
