@@ -30,4 +30,15 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A topic the runtime refuses ([`TopicSpec::validate`](mailroom::TopicSpec::validate)),
+    /// at the key of the file that set the bad value.
+    #[error("{file}: {key}: {error}")]
+    Topic {
+        /// The file (or `environment`).
+        file: String,
+        /// Dotted key path, e.g. `topic[0].lease`.
+        key: String,
+        /// The runtime's reason.
+        error: mailroom::SpecError,
+    },
 }

@@ -379,7 +379,7 @@ impl Default for RetryConfig {
 }
 
 /// `batch = { max_size, max_wait, schedule, group_by }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchConfig {
     /// Flush at this many events (default 100).

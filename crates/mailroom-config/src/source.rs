@@ -52,11 +52,13 @@ pub(crate) fn source_spec(
 pub(crate) fn field(c: &FieldConfig, key: &str, cfg: &Config) -> Result<Field, ConfigError> {
     match (&c.header, &c.json) {
         (Some(h), None) => {
-            reqwest::header::HeaderName::try_from(h.as_str())
-                .map_err(|_| cfg.invalid(key, format!("{h:?} is not a valid header name")))?;
-            Ok(Field::Header(h.clone()))
+            let field = Field::Header(h.clone());
+            field
+                .validate()
+                .map_err(|e| cfg.invalid(key, e.to_string()))?;
+            Ok(field)
         }
-        (None, Some(p)) => Field::json(p).map_err(|m| cfg.invalid(key, m)),
+        (None, Some(p)) => Field::json(p).map_err(|e| cfg.invalid(key, e.to_string())),
         _ => Err(cfg.invalid(
             key,
             "give exactly one of `header = \"...\"` or `json = \"/pointer\"`",

@@ -2,7 +2,7 @@
 
 use crate::error::ConfigError;
 use crate::file::FieldConfig;
-use crate::file::{BatchConfig, Config, ModeName, OnDeadName, RetryConfig, TopicConfig};
+use crate::file::{Config, ModeName, OnDeadName, RetryConfig, TopicConfig};
 use crate::source::field;
 use mailroom::{Backoff, BatchSettings, Field, Mode, OnDead, RetryPolicy, TopicSpec, duration};
 
@@ -17,7 +17,7 @@ pub(crate) fn topic_spec(
         (Some(_), Some(_)) => {
             return Err(cfg.invalid(at("key"), "give `key` or `key_header`, not both"));
         }
-        (Some(p), None) => Some(Field::json(p).map_err(|m| cfg.invalid(at("key"), m))?),
+        (Some(p), None) => Some(Field::json(p).map_err(|e| cfg.invalid(at("key"), e.to_string()))?),
         (None, Some(h)) => Some(field(
             &FieldConfig {
                 header: Some(h.clone()),
@@ -45,14 +45,11 @@ pub(crate) fn topic_spec(
         timeout: t.timeout,
         lease,
     };
-    spec.validate()
-        .map_err(|m| cfg.invalid(format!("topic[{idx}]"), m))?;
-    if let Mode::Batch(b) = &spec.mode
-        && let Some(s) = &b.schedule
-    {
-        mailroom::cron::Cron::parse(s)
-            .map_err(|e| cfg.invalid(at("batch.schedule"), e.to_string()))?;
-    }
+    spec.validate().map_err(|error| ConfigError::Topic {
+        file: cfg.origin.clone(),
+        key: at(&error.key()),
+        error,
+    })?;
     Ok(spec)
 }
 
@@ -66,15 +63,10 @@ fn mode(t: &TopicConfig) -> Mode {
             },
         },
         ModeName::Batch => {
-            let b = t.batch.clone().unwrap_or(BatchConfig {
-                max_size: None,
-                max_wait: None,
-                schedule: None,
-                group_by: None,
-            });
+            let b = t.batch.clone().unwrap_or_default();
             let d = BatchSettings::default();
             Mode::Batch(BatchSettings {
-                max_size: b.max_size.unwrap_or(d.max_size).max(1),
+                max_size: b.max_size.unwrap_or(d.max_size),
                 max_wait: b.max_wait.unwrap_or(d.max_wait),
                 schedule: b.schedule,
                 group_by: b.group_by,

@@ -163,4 +163,33 @@ mod tests {
         }
         assert_eq!(t.topics[0].0, expected);
     }
+
+    /// A topic the runtime refuses is reported at the key that set the bad
+    /// value, carrying the runtime's own typed reason (the same the engine
+    /// builder gives a hand-built spec).
+    #[test]
+    fn refused_topics_name_the_key_and_carry_the_spec_error() {
+        let refused = |topic: &str| {
+            let toml = format!("[[topic]]\nname = \"t\"\n{topic}\n");
+            let config = Config::from_toml("m.toml", &toml, &|_| None).unwrap();
+            match Topology::from_config(&config) {
+                Err(ConfigError::Topic { key, error, .. }) => (key, error),
+                other => panic!("{topic}: {other:?}"),
+            }
+        };
+        let (key, error) = refused("timeout = \"30s\"\nlease = \"30s\"");
+        assert_eq!(key, "topic[0].lease");
+        assert!(matches!(error, mailroom::SpecError::LeaseTooShort { .. }));
+        let (key, _) = refused("mode = \"batch\"\nbatch = { schedule = \"0 0 * *\" }");
+        assert_eq!(key, "topic[0].batch.schedule");
+        let (key, _) = refused("mode = \"batch\"\nbatch = { max_size = 0 }");
+        assert_eq!(key, "topic[0].batch.max_size");
+        let (key, _) = refused("retry = { jitter = 1.5 }");
+        assert_eq!(key, "topic[0].retry.jitter");
+        let err = topology("[[topic]]\nname = \"t\"\nlease = \"1s\"\n").unwrap_err();
+        assert_eq!(
+            err,
+            "m.toml: topic[0].lease: lease (1s) must be longer than timeout (30s)"
+        );
+    }
 }

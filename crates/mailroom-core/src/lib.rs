@@ -36,9 +36,9 @@ pub use error::{Result, StoreError};
 pub use event::{Attempt, AttemptOutcome, Event, EventId, NewEvent, Status};
 pub use jiff::Timestamp;
 pub use lease::{Claimed, FencingToken};
-pub use mode::{BatchSettings, Mode, OnDead};
+pub use mode::{BatchError, BatchSettings, Mode, OnDead};
 pub use outcome::{Completion, Outcome};
-pub use retry::{Backoff, RetryPolicy};
+pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use store::{
     ClaimRequest, Inserted, KeyCursor, ListFilter, Page, PurgeReport, Retention, Store, TopicStats,
     TopicStream,

@@ -1,5 +1,6 @@
 //! Processing modes (SPEC §3).
 
+use crate::cron::{Cron, CronError};
 use std::time::Duration;
 
 /// How a topic's events are handed to its handler.
@@ -65,6 +66,46 @@ impl BatchSettings {
     pub const DEFAULT_MAX_SIZE: u32 = 100;
     /// Default longest wait of the oldest event before a flush (SPEC §3).
     pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(1);
+
+    /// Checks the flush size, the cron schedule and the `group_by` pointer.
+    pub fn validate(&self) -> Result<(), BatchError> {
+        if self.max_size == 0 {
+            return Err(BatchError::NoSize);
+        }
+        if let Some(s) = &self.schedule {
+            Cron::parse(s)?;
+        }
+        match &self.group_by {
+            Some(p) if !p.starts_with('/') => Err(BatchError::GroupBy(p.clone())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why [`BatchSettings`] were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError {
+    /// `max_size` is 0.
+    #[error("max_size must be at least 1")]
+    NoSize,
+    /// `schedule` is not a cron expression.
+    #[error(transparent)]
+    Schedule(#[from] CronError),
+    /// `group_by` is not a JSON pointer.
+    #[error("group_by {0:?} is not a JSON pointer (it must start with '/')")]
+    GroupBy(String),
+}
+
+impl BatchError {
+    /// The offending key inside `batch = {...}`, e.g. `schedule`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            BatchError::NoSize => "max_size",
+            BatchError::Schedule(_) => "schedule",
+            BatchError::GroupBy(_) => "group_by",
+        }
+    }
 }
 
 impl Default for BatchSettings {
@@ -75,5 +116,33 @@ impl Default for BatchSettings {
             schedule: None,
             group_by: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Default batch settings pass; a zero size, a bad cron or a `group_by`
+    /// that is no JSON pointer are refused, each naming its key.
+    #[test]
+    fn batch_settings_are_checked_key_by_key() {
+        assert_eq!(BatchSettings::default().validate(), Ok(()));
+        let with = |f: fn(&mut BatchSettings)| {
+            let mut b = BatchSettings::default();
+            f(&mut b);
+            b.validate().map_err(|e| e.key())
+        };
+        assert_eq!(with(|b| b.max_size = 0), Err("max_size"));
+        assert_eq!(
+            with(|b| b.schedule = Some("0 0 * *".into())),
+            Err("schedule")
+        );
+        assert_eq!(with(|b| b.schedule = Some("0 0 * * *".into())), Ok(()));
+        assert_eq!(
+            with(|b| b.group_by = Some("tenant".into())),
+            Err("group_by")
+        );
+        assert_eq!(with(|b| b.group_by = Some("/tenant".into())), Ok(()));
     }
 }

@@ -92,25 +92,55 @@ impl RetryPolicy {
     }
 
     /// Checks the policy's numbers, naming the first that is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), RetryPolicyError> {
         if self.max_attempts == 0 {
-            return Err("max_attempts must be at least 1".into());
+            return Err(RetryPolicyError::NoAttempts);
         }
         match &self.backoff {
             Backoff::Exponential { factor, jitter, .. } => {
                 if !(factor.is_finite() && *factor >= 1.0) {
-                    return Err(format!("factor must be a number >= 1.0, got {factor}"));
+                    return Err(RetryPolicyError::Factor(*factor));
                 }
                 if !(0.0..=1.0).contains(jitter) {
-                    return Err(format!("jitter must be between 0 and 1, got {jitter}"));
+                    return Err(RetryPolicyError::Jitter(*jitter));
                 }
             }
             Backoff::Schedule(steps) if steps.is_empty() => {
-                return Err("schedule must list at least one delay".into());
+                return Err(RetryPolicyError::EmptySchedule);
             }
             Backoff::Schedule(_) => {}
         }
         Ok(())
+    }
+}
+
+/// Why a [`RetryPolicy`] was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryPolicyError {
+    /// `max_attempts` is 0.
+    #[error("max_attempts must be at least 1")]
+    NoAttempts,
+    /// `factor` is below 1 or not a number.
+    #[error("factor must be a number >= 1.0, got {0}")]
+    Factor(f64),
+    /// `jitter` is outside `[0, 1]`.
+    #[error("jitter must be between 0 and 1, got {0}")]
+    Jitter(f64),
+    /// An explicit schedule with no delay.
+    #[error("schedule must list at least one delay")]
+    EmptySchedule,
+}
+
+impl RetryPolicyError {
+    /// The offending key inside `retry = {...}`, e.g. `jitter`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            RetryPolicyError::NoAttempts => "max_attempts",
+            RetryPolicyError::Factor(_) => "factor",
+            RetryPolicyError::Jitter(_) => "jitter",
+            RetryPolicyError::EmptySchedule => "schedule",
+        }
     }
 }
 
@@ -130,6 +160,7 @@ mod tests {
         }
     }
 
+    /// Exponential delays double from `base` and never exceed `max_delay`.
     #[test]
     fn exponential_doubles_from_base_and_caps_at_max_delay() {
         let p = exp(0.0);
@@ -140,6 +171,7 @@ mod tests {
         assert_eq!(p.delay_after(1000, 0.0), Duration::from_secs(3600));
     }
 
+    /// Jitter moves a delay by at most ± `jitter` × delay, whatever spread is passed.
     #[test]
     fn jitter_stays_within_its_band() {
         let p = exp(0.2);
@@ -149,6 +181,7 @@ mod tests {
         assert_eq!(p.delay_after(3, 7.0), Duration::from_secs_f64(8.0 * 1.2));
     }
 
+    /// An explicit schedule is followed step by step, then its last step repeats.
     #[test]
     fn schedule_is_followed_then_its_last_step_repeats() {
         let p = RetryPolicy {
@@ -164,12 +197,17 @@ mod tests {
         assert_eq!(p.delay_after(4, 0.0), Duration::from_secs(20));
     }
 
+    /// A bad policy is refused with a typed error naming the offending key.
     #[test]
     fn validation_names_the_bad_number() {
         assert!(RetryPolicy::default().validate().is_ok());
         let mut p = exp(1.5);
-        assert!(p.validate().unwrap_err().contains("jitter"));
+        assert_eq!(p.validate(), Err(RetryPolicyError::Jitter(1.5)));
+        assert!(p.validate().unwrap_err().to_string().contains("jitter"));
         p.max_attempts = 0;
-        assert!(p.validate().unwrap_err().contains("max_attempts"));
+        assert_eq!(p.validate().unwrap_err().key(), "max_attempts");
+        p.max_attempts = 1;
+        p.backoff = Backoff::Schedule(vec![]);
+        assert_eq!(p.validate().unwrap_err().key(), "schedule");
     }
 }

@@ -6,7 +6,7 @@ use crate::dispatch::{TopicRuntime, run_topic};
 use crate::handler::SharedHandler;
 use crate::intake::{self, IntakeError};
 use crate::maintenance::Maintenance;
-use crate::topology::{SourceSpec, TopicSpec};
+use crate::topology::{SourceSpec, SpecError, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
 use mailroom_core::AlertRules;
@@ -26,13 +26,15 @@ pub use pull::ClaimError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// A topic's settings are inconsistent.
-    #[error("topic {topic:?}: {message}")]
+    /// A topic's settings are refused by [`TopicSpec::validate`].
+    #[error("topic {topic:?}: {error}")]
     Topic {
         /// The topic.
         topic: String,
+        /// The offending key ([`SpecError::key`]).
+        key: String,
         /// What is wrong.
-        message: String,
+        error: SpecError,
     },
     /// Two topics or two sources share a name.
     #[error("{0}")]
@@ -134,9 +136,10 @@ impl EngineBuilder {
     pub fn build(self) -> Result<Engine, BuildError> {
         let mut topics = HashMap::new();
         for spec in self.topics {
-            spec.validate().map_err(|message| BuildError::Topic {
+            spec.validate().map_err(|error| BuildError::Topic {
                 topic: spec.name.clone(),
-                message,
+                key: error.key(),
+                error,
             })?;
             let name = spec.name.clone();
             let handler = self.handlers.get(&name).cloned();

@@ -3,7 +3,7 @@
 //! validated once by the engine builder so the data path never re-checks
 //! configuration.
 
-use mailroom_core::{Mode, RetryPolicy, duration};
+use mailroom_core::{BatchError, Mode, RetryPolicy, RetryPolicyError, duration};
 use std::time::Duration;
 
 /// Where a value lives in an incoming request.
@@ -19,15 +19,36 @@ pub enum Field {
 
 impl Field {
     /// A JSON pointer field; the pointer must be empty or start with `/`.
-    pub fn json(pointer: &str) -> Result<Field, String> {
-        if pointer.is_empty() || pointer.starts_with('/') {
-            Ok(Field::Json(pointer.to_string()))
-        } else {
-            Err(format!(
-                "{pointer:?} is not a JSON pointer (it must start with '/')"
-            ))
+    pub fn json(pointer: &str) -> Result<Field, FieldError> {
+        let field = Field::Json(pointer.to_string());
+        field.validate()?;
+        Ok(field)
+    }
+
+    /// Checks that a header is a valid header name and a pointer a JSON pointer.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        match self {
+            Field::Header(h) if http::HeaderName::from_bytes(h.as_bytes()).is_err() => {
+                Err(FieldError::Header(h.clone()))
+            }
+            Field::Json(p) if !(p.is_empty() || p.starts_with('/')) => {
+                Err(FieldError::Pointer(p.clone()))
+            }
+            _ => Ok(()),
         }
     }
+}
+
+/// Why a [`Field`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FieldError {
+    /// Not a valid HTTP header name.
+    #[error("{0:?} is not a valid header name")]
+    Header(String),
+    /// Not a JSON pointer.
+    #[error("{0:?} is not a JSON pointer (it must start with '/')")]
+    Pointer(String),
 }
 
 /// A topic's settings.
@@ -106,29 +127,99 @@ impl TopicSpec {
         self
     }
 
-    /// Sets the lease (must exceed the timeout; checked by the engine builder).
+    /// Sets the lease (must exceed the timeout; [`TopicSpec::validate`]).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Checks the numbers, naming the first that is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks everything a topic needs to run, naming the first key that is
+    /// wrong: the engine builder calls it on every topic, hand-built or read
+    /// from `mailroom.toml`, so both are held to the same rules.
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.name.is_empty() {
-            return Err("name: must not be empty".into());
-        }
-        self.retry.validate().map_err(|e| format!("retry: {e}"))?;
-        if self.lease <= self.timeout {
-            return Err(format!(
-                "lease ({}) must be longer than timeout ({})",
-                duration::format(self.lease),
-                duration::format(self.timeout)
-            ));
+            return Err(SpecError::EmptyName);
         }
         if self.concurrency == 0 {
-            return Err("concurrency: must be at least 1".into());
+            return Err(SpecError::NoConcurrency);
+        }
+        if self.timeout.is_zero() {
+            return Err(SpecError::ZeroTimeout);
+        }
+        if self.lease <= self.timeout {
+            return Err(SpecError::LeaseTooShort {
+                lease: self.lease,
+                timeout: self.timeout,
+            });
+        }
+        if let Some(key) = &self.key {
+            key.validate().map_err(SpecError::Key)?;
+        }
+        if self.default_key.as_deref() == Some("") {
+            return Err(SpecError::EmptyDefaultKey);
+        }
+        self.retry.validate()?;
+        if let Mode::Batch(b) = &self.mode {
+            b.validate()?;
         }
         Ok(())
+    }
+}
+
+/// Why a [`TopicSpec`] was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// The name is empty.
+    #[error("name must not be empty")]
+    EmptyName,
+    /// `concurrency` is 0.
+    #[error("concurrency must be at least 1")]
+    NoConcurrency,
+    /// `timeout` is 0: every attempt would time out.
+    #[error("timeout must be more than 0")]
+    ZeroTimeout,
+    /// The lease does not outlast the timeout, so a slow attempt could lose
+    /// its lease (and be run twice) before it is cut.
+    #[error(
+        "lease ({}) must be longer than timeout ({})",
+        duration::format(*.lease),
+        duration::format(*.timeout)
+    )]
+    LeaseTooShort {
+        /// The lease.
+        lease: Duration,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// Where the key lives is not a valid header name or JSON pointer.
+    #[error("{0}")]
+    Key(FieldError),
+    /// `default_key` is the empty string.
+    #[error("default_key must not be empty")]
+    EmptyDefaultKey,
+    /// The retry policy is inconsistent.
+    #[error(transparent)]
+    Retry(#[from] RetryPolicyError),
+    /// The batch settings are inconsistent.
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}
+
+impl SpecError {
+    /// The offending key, as written in a `[[topic]]` table (`lease`,
+    /// `retry.jitter`, `batch.schedule`...).
+    pub fn key(&self) -> String {
+        match self {
+            SpecError::EmptyName => "name".into(),
+            SpecError::NoConcurrency => "concurrency".into(),
+            SpecError::ZeroTimeout => "timeout".into(),
+            SpecError::LeaseTooShort { .. } => "lease".into(),
+            SpecError::Key(_) => "key".into(),
+            SpecError::EmptyDefaultKey => "default_key".into(),
+            SpecError::Retry(e) => format!("retry.{}", e.key()),
+            SpecError::Batch(e) => format!("batch.{}", e.key()),
+        }
     }
 }
 

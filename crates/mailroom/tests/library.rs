@@ -79,3 +79,58 @@ async fn two_engines_in_one_process_stay_independent() {
     }
     shutdown.cancel();
 }
+
+/// A hand-built topic is checked as strictly as a config file: a lease not
+/// longer than the timeout, a batch schedule that is no cron expression, a
+/// `group_by` or ordering key that cannot be read, and a zero timeout are all
+/// refused by `build()` with a typed error naming the key.
+#[tokio::test]
+async fn the_builder_refuses_inconsistent_hand_built_topics() {
+    use mailroom::{BatchSettings, BuildError, Field, Mode, SpecError};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let store = mailroom::open_store(&url, true).await.expect("open");
+    let batch = |b: BatchSettings| TopicSpec::new("t").mode(Mode::Batch(b));
+    let cases = [
+        (TopicSpec::new("t").lease(Duration::from_secs(30)), "lease"),
+        (
+            batch(BatchSettings {
+                schedule: Some("every night".into()),
+                ..BatchSettings::default()
+            }),
+            "batch.schedule",
+        ),
+        (
+            batch(BatchSettings {
+                group_by: Some("shop".into()),
+                ..BatchSettings::default()
+            }),
+            "batch.group_by",
+        ),
+        (
+            TopicSpec::new("t").key(Field::Header("bad header".into())),
+            "key",
+        ),
+        (TopicSpec::new("t").timeout(Duration::ZERO), "timeout"),
+    ];
+    for (spec, expected) in cases {
+        let err = Engine::builder(store.clone())
+            .topic(spec)
+            .build()
+            .map(|_| ())
+            .expect_err(expected);
+        let BuildError::Topic { topic, key, error } = err else {
+            panic!("{expected}: not a topic error: {err}");
+        };
+        assert_eq!((topic.as_str(), key.as_str()), ("t", expected), "{error}");
+        if expected == "lease" {
+            assert!(matches!(error, SpecError::LeaseTooShort { .. }), "{error}");
+        }
+    }
+    let ok = batch(BatchSettings {
+        schedule: Some("0 0 * * *".into()),
+        group_by: Some("/shop".into()),
+        ..BatchSettings::default()
+    });
+    assert!(Engine::builder(store).topic(ok).build().is_ok());
+}
