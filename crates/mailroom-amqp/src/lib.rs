@@ -13,6 +13,7 @@
 //! Every operation's failure is an [`AmqpError`]; a broker's refusal of a
 //! declare (`PRECONDITION_FAILED`) names the queue and the argument.
 
+mod confirms;
 pub mod connection;
 mod error;
 pub mod publish;

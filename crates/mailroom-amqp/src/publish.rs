@@ -8,14 +8,17 @@
 //! off by the topic's timeout. Publishes are pipelined: concurrent attempts
 //! share the channel and lapin matches each confirm to its publish by
 //! delivery tag, and a batch publishes all its events before awaiting any
-//! confirm.
+//! confirm. Returned messages are matched to their publish by the
+//! sequence number each publish carries, never by the confirm lapin
+//! attaches them to (see the `confirms` module).
 
+use crate::confirms::{Confirms, SEQ_HEADER, Ticket, Verdict};
 use crate::error::{AmqpError, Result, short};
 use crate::source::CAUSATION_HEADER;
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use lapin::{BasicProperties, Channel};
 use mailroom::handler::{BatchOutcome, Handler};
 use mailroom::{Event, Outcome};
 use serde_json::{Value, json};
@@ -63,7 +66,14 @@ pub struct AmqpHandler {
 #[derive(Debug)]
 struct Inner {
     spec: AmqpHandlerSpec,
-    channel: RwLock<Option<Channel>>,
+    channel: RwLock<Option<Publisher>>,
+}
+
+/// A channel in confirm mode and the ledger of its publishes.
+#[derive(Debug, Clone)]
+struct Publisher {
+    channel: Channel,
+    confirms: Confirms,
 }
 
 impl AmqpHandler {
@@ -92,7 +102,10 @@ impl AmqpHandler {
             .inner
             .channel
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(channel);
+            .unwrap_or_else(|p| p.into_inner()) = Some(Publisher {
+            channel,
+            confirms: Confirms::spawn(),
+        });
         Ok(())
     }
 
@@ -106,7 +119,7 @@ impl AmqpHandler {
             .unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    fn channel(&self) -> Option<Channel> {
+    fn publisher(&self) -> Option<Publisher> {
         self.inner
             .channel
             .read()
@@ -116,7 +129,7 @@ impl AmqpHandler {
 
     /// Sends one publish and returns the broker's future confirm (without
     /// waiting for it), or the attempt's failure.
-    async fn send(&self, channel: &Channel, event: &Event) -> Result<Pending, Outcome> {
+    async fn send(&self, publisher: &Publisher, event: &Event) -> Result<Pending, Outcome> {
         let spec = &self.inner.spec;
         let routing_key = routing_key(&spec.routing_key, event).map_err(Outcome::permanent)?;
         let body = match spec.envelope {
@@ -131,18 +144,24 @@ impl AmqpHandler {
             short("exchange", &spec.exchange).map_err(|e| Outcome::permanent(e.to_string()))?;
         let key =
             short("routing key", &routing_key).map_err(|e| Outcome::permanent(e.to_string()))?;
-        let confirm = channel
-            .basic_publish(exchange, key, options, &body, self.properties(event))
+        let ticket: Ticket = publisher.confirms.register();
+        let properties = self.properties(event, ticket.seq());
+        let confirm = publisher
+            .channel
+            .basic_publish(exchange, key, options, &body, properties)
             .await
             .map_err(|e| failed(event, "error", format!("publish failed: {e}")))?;
         Ok(Pending {
-            confirm,
+            verdict: ticket.sent(confirm),
             routing_key,
         })
     }
 
-    fn properties(&self, event: &Event) -> BasicProperties {
+    fn properties(&self, event: &Event, seq: u64) -> BasicProperties {
         let mut headers = FieldTable::default();
+        // Sequence numbers stay far below i64::MAX; saturate rather than wrap.
+        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        headers.insert(SEQ_HEADER.into(), AMQPValue::LongLongInt(seq));
         let text = |s: &str| AMQPValue::LongString(s.into());
         headers.insert("mailroom-version".into(), AMQPValue::LongLongInt(VERSION));
         headers.insert("mailroom-topic".into(), text(&event.topic));
@@ -185,22 +204,26 @@ fn short_opt(value: Option<&str>) -> Option<ShortString> {
     value.and_then(|v| ShortString::try_new(v).ok())
 }
 
-/// A publish awaiting its confirm.
+/// A publish awaiting its verdict.
 struct Pending {
-    confirm: PublisherConfirm,
+    verdict: tokio::sync::oneshot::Receiver<Verdict>,
     routing_key: String,
 }
 
 impl Pending {
     /// Waits for the broker's verdict.
     async fn outcome(self, exchange: &str, event: &Event) -> Outcome {
-        match self.confirm.await {
-            Ok(Confirmation::Ack(None)) => {
+        let verdict = self
+            .verdict
+            .await
+            .unwrap_or_else(|_| Verdict::Failed("the channel's confirm ledger is gone".into()));
+        match verdict {
+            Verdict::Confirmed => {
                 metrics::counter!("mailroom_published_total", "topic" => event.topic.clone(), "outcome" => "confirmed")
                     .increment(1);
                 Outcome::Success
             }
-            Ok(Confirmation::Ack(Some(_))) | Ok(Confirmation::Nack(Some(_))) => failed(
+            Verdict::Returned => failed(
                 event,
                 "returned",
                 format!(
@@ -208,15 +231,8 @@ impl Pending {
                     self.routing_key
                 ),
             ),
-            Ok(Confirmation::Nack(None)) => {
-                failed(event, "nacked", "the broker nacked the publish".into())
-            }
-            Ok(Confirmation::NotRequested) => failed(
-                event,
-                "error",
-                "publisher confirms are off on this channel".into(),
-            ),
-            Err(e) => failed(event, "error", format!("no confirm: {e}")),
+            Verdict::Nacked => failed(event, "nacked", "the broker nacked the publish".into()),
+            Verdict::Failed(error) => failed(event, "error", error),
         }
     }
 }
@@ -231,17 +247,17 @@ fn failed(event: &Event, outcome: &'static str, error: String) -> Outcome {
 #[async_trait::async_trait]
 impl Handler for AmqpHandler {
     async fn handle(&self, event: &Event) -> Outcome {
-        let Some(channel) = self.channel() else {
+        let Some(publisher) = self.publisher() else {
             return failed(event, "error", "AMQP connection down".into());
         };
-        match self.send(&channel, event).await {
+        match self.send(&publisher, event).await {
             Ok(pending) => pending.outcome(&self.inner.spec.exchange, event).await,
             Err(outcome) => outcome,
         }
     }
 
     async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
-        let Some(channel) = self.channel() else {
+        let Some(publisher) = self.publisher() else {
             let each = events
                 .iter()
                 .map(|e| (e.id, failed(e, "error", "AMQP connection down".into())));
@@ -249,7 +265,7 @@ impl Handler for AmqpHandler {
         };
         let mut sent = Vec::with_capacity(events.len());
         for event in events {
-            sent.push(self.send(&channel, event).await);
+            sent.push(self.send(&publisher, event).await);
         }
         let exchange = &self.inner.spec.exchange;
         let verdicts = events.iter().zip(sent).map(|(event, sent)| async move {

@@ -2,8 +2,9 @@ use crate::{connect, delete, drain, eventually, ready, sqlite_store, unique};
 use lapin::Connection;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
+use mailroom::handler::Handler;
 use mailroom::{
-    Backoff, BatchSettings, Draft, Engine, Event, Mode, RetryPolicy, Status, TopicSpec,
+    Backoff, BatchSettings, Draft, Engine, Event, Mode, Outcome, RetryPolicy, Status, TopicSpec,
 };
 use mailroom_amqp::{
     AmqpHandler, AmqpHandlerSpec, ExchangeSpec, ExchangeType, QueueSpec, Topology, declare,
@@ -283,6 +284,89 @@ async fn a_batch_gets_one_verdict_per_event() {
             .await
             .iter()
             .all(|e| e.key.as_deref() == Some("bad"))
+    );
+    delete(&conn, &[queue], &[exchange]).await;
+}
+
+/// An event as the dispatcher hands it to a handler, keyed `key`.
+fn event_keyed(key: &str, n: usize) -> Event {
+    Event {
+        id: mailroom::EventId::new(),
+        source: "test".into(),
+        topic: "outbox".into(),
+        dedup_key: format!("{key}-{n}"),
+        key: Some(key.into()),
+        event_type: None,
+        status: Status::Running,
+        attempts: 1,
+        max_attempts: 1,
+        next_attempt_at: None,
+        received_at: jiff::Timestamp::now(),
+        correlation_id: None,
+        causation_id: None,
+        content_type: None,
+        payload: Some(bytes::Bytes::from(vec![b'x'; 64])),
+        last_error: None,
+        lease_until: None,
+        history: vec![],
+    }
+}
+
+/// Whether `outcome` is the verdict an event keyed `key` deserves: `ok`
+/// is routed and confirmed, anything else is returned as unroutable.
+fn deserved(key: &str, outcome: &Outcome) -> bool {
+    match (key, outcome) {
+        ("ok", Outcome::Success) => true,
+        ("ok", _) => false,
+        (_, Outcome::Retry { error, .. }) => error.starts_with("unroutable:"),
+        _ => false,
+    }
+}
+
+/// Many concurrent single publishes and batches share one channel, mixing
+/// routable and unroutable keys: every event's verdict is its own (an
+/// unroutable one is never confirmed, a routed one never reported
+/// returned), however the broker groups its acks and returns.
+#[tokio::test]
+async fn concurrent_publishes_each_get_their_own_verdict() {
+    let conn = connect().await;
+    let base = unique("attribution");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "k.ok").await;
+    let handler = AmqpHandler::new(AmqpHandlerSpec::new(&exchange, "k.{key}"));
+    handler
+        .attach(conn.create_channel().await.expect("channel"))
+        .await
+        .expect("attach");
+    let key = |n: usize| if n % 7 == 3 { "bad" } else { "ok" };
+    let mut wrong = vec![];
+    for round in 0..10 {
+        let singles = (0..1000).map(|n| {
+            let (h, e) = (handler.clone(), event_keyed(key(n), round * 1000 + n));
+            async move { (e.key.clone(), h.handle(&e).await) }
+        });
+        let batches = (0..10).map(|b| {
+            let h = handler.clone();
+            let batch: Vec<Event> = (0..40).map(|n| event_keyed(key(n + b), n)).collect();
+            async move {
+                let verdicts = h.handle_batch(&batch).await;
+                let each = batch
+                    .iter()
+                    .map(|e| (e.key.clone(), verdicts.for_event(e.id)));
+                each.collect::<Vec<_>>()
+            }
+        });
+        let (singles, batches) = tokio::join!(
+            futures::future::join_all(singles),
+            futures::future::join_all(batches)
+        );
+        let all = singles.into_iter().chain(batches.into_iter().flatten());
+        wrong.extend(all.filter(|(k, o)| !deserved(k.as_deref().unwrap_or(""), o)));
+    }
+    let first: Vec<_> = wrong.iter().take(5).collect();
+    assert!(
+        wrong.is_empty(),
+        "{} misattributed verdicts, e.g. {first:?}",
+        wrong.len()
     );
     delete(&conn, &[queue], &[exchange]).await;
 }
