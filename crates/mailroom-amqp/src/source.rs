@@ -52,6 +52,9 @@ pub struct AmqpSourceSpec {
 }
 
 impl AmqpSourceSpec {
+    /// Default `prefetch`: deliveries in flight, and so being stored, at once.
+    pub const DEFAULT_PREFETCH: u16 = 10;
+
     /// A source named `name` storing the messages of `queue` into `topic`.
     pub fn new(
         name: impl Into<String>,
@@ -62,7 +65,7 @@ impl AmqpSourceSpec {
             name: name.into(),
             topic: topic.into(),
             queue: queue.into(),
-            prefetch: 10,
+            prefetch: Self::DEFAULT_PREFETCH,
             key: None,
         }
     }

@@ -41,4 +41,15 @@ pub enum ConfigError {
         /// The runtime's reason.
         error: mailroom::SpecError,
     },
+    /// A source the runtime refuses ([`SourceSpec::validate`](mailroom::SourceSpec::validate)),
+    /// at the key of the file that set the bad value.
+    #[error("{file}: {key}: {error}")]
+    Source {
+        /// The file (or `environment`).
+        file: String,
+        /// Dotted key path, e.g. `source[0].max_body`.
+        key: String,
+        /// The runtime's reason.
+        error: mailroom::SourceSpecError,
+    },
 }

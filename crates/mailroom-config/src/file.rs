@@ -537,7 +537,7 @@ pub struct AmqpSourceConfig {
 }
 
 fn default_prefetch() -> u16 {
-    10
+    mailroom_amqp::AmqpSourceSpec::DEFAULT_PREFETCH
 }
 
 /// `amqp = { url, exchange, routing_key, envelope }` of a topic's handler.

@@ -14,17 +14,6 @@ pub(crate) fn source_spec(
     cfg: &Config,
 ) -> Result<SourceSpec, ConfigError> {
     let at = |k: &str| format!("source[{idx}].{k}");
-    if s.name.is_empty()
-        || !s
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
-        return Err(cfg.invalid(
-            at("name"),
-            "use letters, digits, '-', '_' or '.' (it is a URL segment)",
-        ));
-    }
     let field_at =
         |f: &Option<FieldConfig>, k: &str| f.as_ref().map(|f| field(f, &at(k), cfg)).transpose();
     let mut spec = SourceSpec {
@@ -41,9 +30,11 @@ pub(crate) fn source_spec(
             .map(|r| r.parse().map_err(|m| cfg.invalid(at("rate_limit"), m)))
             .transpose()?,
     };
-    if spec.max_body == 0 {
-        return Err(cfg.invalid(at("max_body"), "must be more than 0"));
-    }
+    spec.validate().map_err(|error| ConfigError::Source {
+        file: cfg.origin.clone(),
+        key: at(error.key()),
+        error,
+    })?;
     configure_verify(&mut spec, s, &at, cfg)?;
     Ok(spec)
 }

@@ -192,4 +192,23 @@ mod tests {
             "m.toml: topic[0].lease: lease (1s) must be longer than timeout (30s)"
         );
     }
+
+    /// A source the runtime refuses is reported at its key with the runtime's
+    /// typed reason, and the message `config check` prints is unchanged.
+    #[test]
+    fn refused_sources_name_the_key_and_carry_the_spec_error() {
+        let config =
+            Config::from_toml("m.toml", "[[source]]\nname = \"a b\"\n", &|_| None).unwrap();
+        let err = Topology::from_config(&config).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Source { key, error: mailroom::SourceSpecError::Name, .. } if key == "source[0].name"),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "m.toml: source[0].name: use letters, digits, '-', '_' or '.' (it is a URL segment)"
+        );
+        let err = topology("[[source]]\nname = \"s\"\nmax_body = 0\n").unwrap_err();
+        assert_eq!(err, "m.toml: source[0].max_body: must be more than 0");
+    }
 }

@@ -6,7 +6,7 @@ use crate::dispatch::{TopicRuntime, run_topic};
 use crate::handler::SharedHandler;
 use crate::intake::{self, IntakeError};
 use crate::maintenance::Maintenance;
-use crate::topology::{SourceSpec, SpecError, TopicSpec};
+use crate::topology::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
 use mailroom_core::AlertRules;
@@ -35,6 +35,16 @@ pub enum BuildError {
         key: String,
         /// What is wrong.
         error: SpecError,
+    },
+    /// A source's settings are refused by [`SourceSpec::validate`].
+    #[error("source {source_name:?}: {error}")]
+    Source {
+        /// The source.
+        source_name: String,
+        /// The offending key ([`SourceSpecError::key`]).
+        key: &'static str,
+        /// What is wrong.
+        error: SourceSpecError,
     },
     /// Two topics or two sources share a name.
     #[error("{0}")]
@@ -132,49 +142,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Validates and builds.
+    /// Validates every topic and source ([`TopicSpec::validate`],
+    /// [`SourceSpec::validate`]) and builds.
     pub fn build(self) -> Result<Engine, BuildError> {
-        let mut topics = HashMap::new();
-        for spec in self.topics {
-            spec.validate().map_err(|error| BuildError::Topic {
-                topic: spec.name.clone(),
-                key: error.key(),
-                error,
-            })?;
-            let name = spec.name.clone();
-            let handler = self.handlers.get(&name).cloned();
-            let rt = Arc::new(TopicRuntime {
-                spec,
-                handler,
-                wake: Notify::new(),
-            });
-            if topics.insert(name.clone(), rt).is_some() {
-                return Err(BuildError::Duplicate(format!(
-                    "topic {name:?} is declared twice"
-                )));
-            }
-        }
-        if let Some(t) = self.handlers.keys().find(|t| !topics.contains_key(*t)) {
-            return Err(BuildError::UnknownTopic(t.clone()));
-        }
-        let mut sources = HashMap::new();
-        for s in self.sources {
-            if !topics.contains_key(&s.topic) {
-                // A source naming an undeclared topic gets one with defaults (SPEC §12).
-                let rt = TopicRuntime {
-                    spec: TopicSpec::new(s.topic.clone()),
-                    handler: None,
-                    wake: Notify::new(),
-                };
-                topics.insert(s.topic.clone(), Arc::new(rt));
-            }
-            let name = s.name.clone();
-            if sources.insert(name.clone(), s).is_some() {
-                return Err(BuildError::Duplicate(format!(
-                    "source {name:?} is declared twice"
-                )));
-            }
-        }
+        let mut topics = topic_runtimes(self.topics, &self.handlers)?;
+        let sources = source_map(self.sources, &mut topics)?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -191,6 +163,66 @@ impl EngineBuilder {
             }),
         })
     }
+}
+
+/// Each topic, validated, with its handler; a handler for no topic is refused.
+fn topic_runtimes(
+    specs: Vec<TopicSpec>,
+    handlers: &HashMap<String, SharedHandler>,
+) -> Result<HashMap<String, Arc<TopicRuntime>>, BuildError> {
+    let mut topics = HashMap::new();
+    for spec in specs {
+        spec.validate().map_err(|error| BuildError::Topic {
+            topic: spec.name.clone(),
+            key: error.key(),
+            error,
+        })?;
+        let name = spec.name.clone();
+        let rt = Arc::new(TopicRuntime {
+            spec,
+            handler: handlers.get(&name).cloned(),
+            wake: Notify::new(),
+        });
+        if topics.insert(name.clone(), rt).is_some() {
+            return Err(BuildError::Duplicate(format!(
+                "topic {name:?} is declared twice"
+            )));
+        }
+    }
+    if let Some(t) = handlers.keys().find(|t| !topics.contains_key(*t)) {
+        return Err(BuildError::UnknownTopic(t.clone()));
+    }
+    Ok(topics)
+}
+
+/// Each source, validated, by name; a source naming an undeclared topic
+/// gets one with defaults (SPEC §12).
+fn source_map(
+    specs: Vec<SourceSpec>,
+    topics: &mut HashMap<String, Arc<TopicRuntime>>,
+) -> Result<HashMap<String, SourceSpec>, BuildError> {
+    let mut sources = HashMap::new();
+    for s in specs {
+        s.validate().map_err(|error| BuildError::Source {
+            source_name: s.name.clone(),
+            key: error.key(),
+            error,
+        })?;
+        topics.entry(s.topic.clone()).or_insert_with(|| {
+            Arc::new(TopicRuntime {
+                spec: TopicSpec::new(s.topic.clone()),
+                handler: None,
+                wake: Notify::new(),
+            })
+        });
+        let name = s.name.clone();
+        if sources.insert(name.clone(), s).is_some() {
+            return Err(BuildError::Duplicate(format!(
+                "source {name:?} is declared twice"
+            )));
+        }
+    }
+    Ok(sources)
 }
 
 #[derive(Debug)]

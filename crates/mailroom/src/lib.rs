@@ -54,4 +54,4 @@ pub mod topology;
 pub use engine::{BuildError, ClaimError, Draft, Engine, EngineBuilder};
 pub use mailroom_core::*;
 pub use open::open_store;
-pub use topology::{Field, FieldError, SourceSpec, SpecError, TopicSpec};
+pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

@@ -295,12 +295,72 @@ impl SourceSpec {
             rate_limit: None,
         }
     }
+
+    /// Checks what intake relies on, naming the first key that is wrong: the
+    /// engine builder calls it on every source, hand-built or from a file.
+    pub fn validate(&self) -> Result<(), SourceSpecError> {
+        let url_safe = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        if self.name.is_empty() || !self.name.chars().all(url_safe) {
+            return Err(SourceSpecError::Name);
+        }
+        if self.topic.is_empty() {
+            return Err(SourceSpecError::NoTopic);
+        }
+        if self.max_body == 0 {
+            return Err(SourceSpecError::ZeroMaxBody);
+        }
+        if self.rate_limit.is_some_and(|r| r.requests == 0) {
+            return Err(SourceSpecError::ZeroRate);
+        }
+        let fields = (self.id.iter().map(|f| ("id", f)))
+            .chain(self.event_type.iter().map(|f| ("type", f)))
+            .chain(self.key.iter().map(|f| ("key", f)));
+        for (key, f) in fields {
+            f.validate().map_err(|e| SourceSpecError::Field(key, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a [`SourceSpec`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceSpecError {
+    /// The name is empty or not a URL segment.
+    #[error("use letters, digits, '-', '_' or '.' (it is a URL segment)")]
+    Name,
+    /// No topic named.
+    #[error("topic must not be empty")]
+    NoTopic,
+    /// `max_body` is 0.
+    #[error("must be more than 0")]
+    ZeroMaxBody,
+    /// A rate limit of 0 requests.
+    #[error("the number of requests must be at least 1")]
+    ZeroRate,
+    /// The dedup key, type or ordering key cannot be read.
+    #[error("{1}")]
+    Field(&'static str, FieldError),
+}
+
+impl SourceSpecError {
+    /// The offending key, as written in a `[[source]]` table.
+    pub fn key(&self) -> &'static str {
+        match self {
+            SourceSpecError::Name => "name",
+            SourceSpecError::NoTopic => "topic",
+            SourceSpecError::ZeroMaxBody => "max_body",
+            SourceSpecError::ZeroRate => "rate_limit",
+            SourceSpecError::Field(key, _) => key,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Rates parse per second, minute and hour; anything else is refused.
     #[test]
     fn rate_limits_parse_per_second_minute_and_hour() {
         let r: RateLimit = "1000/s".parse().unwrap();
@@ -314,5 +374,31 @@ mod tests {
         for bad in ["", "1000", "0/s", "-1/s", "x/s", "10/d", "1.5/s"] {
             assert!(bad.parse::<RateLimit>().is_err(), "{bad:?}");
         }
+    }
+
+    /// A hand-built source is checked key by key: a name that is no URL
+    /// segment, an empty body limit, a zero rate or an unreadable field.
+    #[test]
+    fn source_specs_are_checked_key_by_key() {
+        fn with(f: impl FnOnce(&mut SourceSpec)) -> Result<(), &'static str> {
+            let mut s = SourceSpec::new("github", "pushes");
+            f(&mut s);
+            s.validate().map_err(|e| e.key())
+        }
+        assert_eq!(with(|_| ()), Ok(()));
+        assert_eq!(with(|s| s.name = "a/b".into()), Err("name"));
+        assert_eq!(with(|s| s.topic = String::new()), Err("topic"));
+        assert_eq!(with(|s| s.max_body = 0), Err("max_body"));
+        let zero = Some(RateLimit {
+            requests: 0,
+            per: Duration::from_secs(1),
+        });
+        assert_eq!(with(|s| s.rate_limit = zero), Err("rate_limit"));
+        assert_eq!(with(|s| s.id = vec![Field::Json("id".into())]), Err("id"));
+        assert_eq!(
+            with(|s| s.event_type = Some(Field::Header("a b".into()))),
+            Err("type")
+        );
+        assert_eq!(with(|s| s.key = Some(Field::Json("k".into()))), Err("key"));
     }
 }

@@ -134,3 +134,31 @@ async fn the_builder_refuses_inconsistent_hand_built_topics() {
     });
     assert!(Engine::builder(store).topic(ok).build().is_ok());
 }
+
+/// A hand-built source is checked like a `[[source]]` table: a name that is
+/// no URL segment is refused by `build()` with a typed error naming the key.
+#[tokio::test]
+async fn the_builder_refuses_a_source_that_is_no_url_segment() {
+    use mailroom::{BuildError, SourceSpec, SourceSpecError};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let store = mailroom::open_store(&url, true).await.expect("open");
+    let err = Engine::builder(store.clone())
+        .source(SourceSpec::new("git/hub", "pushes"))
+        .build()
+        .map(|_| ())
+        .expect_err("a slash in a source name");
+    assert!(
+        matches!(
+            err,
+            BuildError::Source {
+                key: "name",
+                error: SourceSpecError::Name,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let ok = Engine::builder(store).source(SourceSpec::new("github", "pushes"));
+    assert!(ok.build().is_ok());
+}
