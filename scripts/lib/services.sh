@@ -90,10 +90,14 @@ mr_ensure_packages() {
   [[ -x "$MR_PG_BIN/initdb" && -x "$MR_PG_BIN/pg_ctl" ]] || missing+=(postgresql-15)
   command -v psql >/dev/null 2>&1 || missing+=(postgresql-client-15)
   [[ -x "$MR_RABBIT_BIN/rabbitmq-server" ]] && command -v epmd >/dev/null 2>&1 || missing+=(rabbitmq-server)
+  # The relay test reads what mailroom published with a consumer in another
+  # language: Python's pika (apt's, so the system interpreter's, whatever
+  # `python3` is first on PATH).
+  /usr/bin/python3 -c 'import pika' >/dev/null 2>&1 || missing+=(python3-pika)
   if ((${#missing[@]})); then
     mr_apt_install "${missing[@]}"
   else
-    mr_log "packages present: postgresql-15, rabbitmq-server"
+    mr_log "packages present: postgresql-15, rabbitmq-server, python3-pika"
   fi
   [[ -x "$MR_PG_BIN/initdb" ]] || mr_die "initdb not found in $MR_PG_BIN after install"
   [[ -x "$MR_RABBIT_BIN/rabbitmq-server" ]] || mr_die "rabbitmq-server not found in $MR_RABBIT_BIN after install"

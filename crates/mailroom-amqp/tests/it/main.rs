@@ -3,6 +3,7 @@
 
 mod connection;
 mod publish;
+mod relay;
 mod source;
 mod topology;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// A topic exchange `<base>.events` and a queue `<base>.q` bound to it by `pattern`.
-async fn exchange_and_queue(conn: &Connection, base: &str, pattern: &str) -> (String, String) {
+pub async fn exchange_and_queue(conn: &Connection, base: &str, pattern: &str) -> (String, String) {
     let (exchange, queue) = (format!("{base}.events"), format!("{base}.q"));
     let topology = Topology {
         exchanges: vec![ExchangeSpec::new(&exchange, ExchangeType::Topic)],
@@ -35,14 +35,27 @@ async fn relay(
     topic: TopicSpec,
     spec: AmqpHandlerSpec,
 ) -> (Engine, CancellationToken) {
+    let store = sqlite_store(dir).await;
+    relay_on(store, conn, topic, spec, Duration::from_millis(50)).await
+}
+
+/// An engine over `store` polling every `poll`, running `topic` with an
+/// attached AMQP handler; stopped by the returned token.
+pub async fn relay_on(
+    store: Arc<dyn mailroom::Store>,
+    conn: &Connection,
+    topic: TopicSpec,
+    spec: AmqpHandlerSpec,
+    poll: Duration,
+) -> (Engine, CancellationToken) {
     let handler = AmqpHandler::new(spec);
     handler
         .attach(conn.create_channel().await.expect("channel"))
         .await
         .expect("attach");
     let name = topic.name.clone();
-    let engine = Engine::builder(sqlite_store(dir).await)
-        .poll_interval(Duration::from_millis(50))
+    let engine = Engine::builder(store)
+        .poll_interval(poll)
         .topic(topic)
         .handler(name, Arc::new(handler))
         .build()
@@ -53,7 +66,8 @@ async fn relay(
     (engine, stop)
 }
 
-async fn events(engine: &Engine, status: Status) -> Vec<Event> {
+/// The engine's events in `status` (up to 1000).
+pub async fn events(engine: &Engine, status: Status) -> Vec<Event> {
     let filter = mailroom::ListFilter {
         status: Some(status),
         limit: 1000,
@@ -87,7 +101,7 @@ fn fast_retries(max_attempts: u32) -> RetryPolicy {
     }
 }
 
-fn header<'a>(props: &'a lapin::BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+pub fn header<'a>(props: &'a lapin::BasicProperties, name: &str) -> Option<&'a AMQPValue> {
     props.headers().as_ref()?.inner().get(name)
 }
 
