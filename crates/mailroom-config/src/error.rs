@@ -52,4 +52,15 @@ pub enum ConfigError {
         /// The runtime's reason.
         error: mailroom::SourceSpecError,
     },
+    /// Alert thresholds the runtime refuses
+    /// ([`AlertRules::validate`](mailroom::AlertRules::validate)), at their key.
+    #[error("{file}: {key}: {error}")]
+    Alerts {
+        /// The file (or `environment`).
+        file: String,
+        /// Dotted key path, e.g. `alerts.failure_rate`.
+        key: String,
+        /// The runtime's reason.
+        error: mailroom::AlertRulesError,
+    },
 }

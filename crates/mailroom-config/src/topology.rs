@@ -91,23 +91,18 @@ impl Topology {
 
 fn alert_rules(config: &Config) -> Result<AlertRules, ConfigError> {
     let a = &config.alerts;
-    if let Some(rate) = a.failure_rate
-        && !(rate > 0.0 && rate <= 1.0)
-    {
-        return Err(config.invalid(
-            "alerts.failure_rate",
-            format!("a share of attempts in (0, 1], e.g. 0.05 for 5%; got {rate}"),
-        ));
-    }
-    if a.processing_time.is_some_and(|d| d.is_zero()) {
-        return Err(config.invalid("alerts.processing_time", "must be more than 0"));
-    }
-    Ok(AlertRules {
+    let rules = AlertRules {
         dead_letter_depth: a.dead_letter_depth,
         backlog: a.backlog,
         failure_rate: a.failure_rate,
         processing_time: a.processing_time,
-    })
+    };
+    rules.validate().map_err(|error| ConfigError::Alerts {
+        file: config.origin.clone(),
+        key: format!("alerts.{}", error.key()),
+        error,
+    })?;
+    Ok(rules)
 }
 
 #[cfg(test)]
@@ -147,6 +142,26 @@ mod tests {
             .map(|_| ())
             .unwrap_err();
         assert!(err.contains("alerts.processing_time"), "{err}");
+    }
+
+    /// Refused alert thresholds carry the runtime's typed reason (the one the
+    /// engine builder gives hand-built rules) at their key, with the text
+    /// `config check` printed before.
+    #[test]
+    fn refused_alerts_name_the_key_and_carry_the_rules_error() {
+        let config =
+            Config::from_toml("m.toml", "[alerts]\nfailure_rate = 1.5\n", &|_| None).unwrap();
+        let err = Topology::from_config(&config).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Alerts { key, error: mailroom::AlertRulesError::FailureRate(_), .. } if key == "alerts.failure_rate"),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "m.toml: alerts.failure_rate: a share of attempts in (0, 1], e.g. 0.05 for 5%; got 1.5"
+        );
+        let err = topology("[alerts]\nprocessing_time = \"0s\"\n").unwrap_err();
+        assert_eq!(err, "m.toml: alerts.processing_time: must be more than 0");
     }
 
     /// A topic and retention left unset in the file get exactly the runtime's

@@ -45,6 +45,43 @@ impl AlertRules {
     pub fn needs_window(&self) -> bool {
         self.failure_rate.is_some() || self.processing_time.is_some()
     }
+
+    /// Checks that every set threshold can be crossed and means something:
+    /// `failure_rate` is a share in `(0, 1]`, `processing_time` is more than
+    /// zero. Depth thresholds take any count (0: fire on the first event).
+    pub fn validate(&self) -> Result<(), AlertRulesError> {
+        if let Some(rate) = self.failure_rate
+            && !(rate > 0.0 && rate <= 1.0)
+        {
+            return Err(AlertRulesError::FailureRate(rate));
+        }
+        if self.processing_time.is_some_and(|d| d.is_zero()) {
+            return Err(AlertRulesError::ZeroProcessingTime);
+        }
+        Ok(())
+    }
+}
+
+/// Why [`AlertRules`] were refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AlertRulesError {
+    /// `failure_rate` is not a share in `(0, 1]` (or not a number).
+    #[error("a share of attempts in (0, 1], e.g. 0.05 for 5%; got {0}")]
+    FailureRate(f64),
+    /// `processing_time` is zero: every attempt would be too slow.
+    #[error("must be more than 0")]
+    ZeroProcessingTime,
+}
+
+impl AlertRulesError {
+    /// The offending key inside `[alerts]`, e.g. `failure_rate`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            AlertRulesError::FailureRate(_) => "failure_rate",
+            AlertRulesError::ZeroProcessingTime => "processing_time",
+        }
+    }
 }
 
 /// Which threshold an [`Alert`] crossed.
@@ -117,78 +154,100 @@ impl Alert {
 
 /// The alerts firing now, ordered by topic then kind.
 pub fn evaluate(rules: &AlertRules, stats: &[TopicStats], windows: &[AttemptWindow]) -> Vec<Alert> {
-    let mut alerts = Vec::new();
-    for s in stats {
-        let dead = s.count(Status::Dead);
-        if let Some(limit) = rules.dead_letter_depth.filter(|limit| dead > *limit) {
-            alerts.push(Alert {
-                topic: s.topic.clone(),
-                kind: AlertKind::DeadLetterDepth,
-                value: dead as f64,
-                threshold: limit as f64,
-                message: format!("{}: {dead} dead events (threshold {limit})", s.topic),
-            });
-        }
-        let pending = s.count(Status::Pending);
-        if let Some(limit) = rules.backlog.filter(|limit| pending > *limit) {
-            alerts.push(Alert {
-                topic: s.topic.clone(),
-                kind: AlertKind::Backlog,
-                value: pending as f64,
-                threshold: limit as f64,
-                message: format!("{}: {pending} pending events (threshold {limit})", s.topic),
-            });
-        }
-    }
+    let mut alerts: Vec<Alert> = stats.iter().flat_map(|s| depth_alerts(rules, s)).collect();
     for w in windows {
-        let window = crate::duration::format(ALERT_WINDOW);
-        if let Some(limit) = rules.failure_rate
-            && w.finished >= MIN_ATTEMPTS
-        {
-            let rate = w.failed as f64 / w.finished as f64;
-            if rate > limit {
-                alerts.push(Alert {
-                    topic: w.topic.clone(),
-                    kind: AlertKind::FailureRate,
-                    value: rate,
-                    threshold: limit,
-                    message: format!(
-                        "{}: {:.1}% of attempts failed in the last {window} ({} of {}; threshold {:.1}%)",
-                        w.topic,
-                        rate * 100.0,
-                        w.failed,
-                        w.finished,
-                        limit * 100.0
-                    ),
-                });
-            }
-        }
-        if let Some(limit) = rules.processing_time {
-            let p95 = w.p95.unwrap_or_default();
-            let running = w.longest_running.unwrap_or_default();
-            let (worst, what) = if running > p95 {
-                (running, "an attempt has been running for".to_string())
-            } else {
-                (p95, format!("p95 attempt duration in the last {window} is"))
-            };
-            if worst > limit {
-                alerts.push(Alert {
-                    topic: w.topic.clone(),
-                    kind: AlertKind::ProcessingTime,
-                    value: worst.as_secs_f64(),
-                    threshold: limit.as_secs_f64(),
-                    message: format!(
-                        "{}: {what} {:.1}s (threshold {})",
-                        w.topic,
-                        worst.as_secs_f64(),
-                        crate::duration::format(limit)
-                    ),
-                });
-            }
-        }
+        alerts.extend(
+            rules
+                .failure_rate
+                .and_then(|limit| failure_rate_alert(limit, w)),
+        );
+        alerts.extend(
+            rules
+                .processing_time
+                .and_then(|limit| processing_time_alert(limit, w)),
+        );
     }
     alerts.sort_by(|a, b| (&a.topic, a.kind).cmp(&(&b.topic, b.kind)));
     alerts
+}
+
+/// `dead_letter_depth` and `backlog`: counts of one topic's events.
+fn depth_alerts(rules: &AlertRules, s: &TopicStats) -> impl Iterator<Item = Alert> {
+    let depths = [
+        (
+            AlertKind::DeadLetterDepth,
+            rules.dead_letter_depth,
+            Status::Dead,
+            "dead",
+        ),
+        (
+            AlertKind::Backlog,
+            rules.backlog,
+            Status::Pending,
+            "pending",
+        ),
+    ];
+    depths
+        .into_iter()
+        .filter_map(move |(kind, limit, status, what)| {
+            let count = s.count(status);
+            let limit = limit.filter(|limit| count > *limit)?;
+            Some(Alert {
+                topic: s.topic.clone(),
+                kind,
+                value: count as f64,
+                threshold: limit as f64,
+                message: format!("{}: {count} {what} events (threshold {limit})", s.topic),
+            })
+        })
+}
+
+/// `failure_rate`: judged only once the window holds [`MIN_ATTEMPTS`].
+fn failure_rate_alert(limit: f64, w: &AttemptWindow) -> Option<Alert> {
+    if w.finished < MIN_ATTEMPTS {
+        return None;
+    }
+    let rate = w.failed as f64 / w.finished as f64;
+    (rate > limit).then(|| Alert {
+        topic: w.topic.clone(),
+        kind: AlertKind::FailureRate,
+        value: rate,
+        threshold: limit,
+        message: format!(
+            "{}: {:.1}% of attempts failed in the last {} ({} of {}; threshold {:.1}%)",
+            w.topic,
+            rate * 100.0,
+            crate::duration::format(ALERT_WINDOW),
+            w.failed,
+            w.finished,
+            limit * 100.0
+        ),
+    })
+}
+
+/// `processing_time`: the window's p95 or the longest running attempt,
+/// whichever is worse, and the message says which.
+fn processing_time_alert(limit: Duration, w: &AttemptWindow) -> Option<Alert> {
+    let p95 = w.p95.unwrap_or_default();
+    let running = w.longest_running.unwrap_or_default();
+    let (worst, what) = if running > p95 {
+        (running, "an attempt has been running for".to_string())
+    } else {
+        let window = crate::duration::format(ALERT_WINDOW);
+        (p95, format!("p95 attempt duration in the last {window} is"))
+    };
+    (worst > limit).then(|| Alert {
+        topic: w.topic.clone(),
+        kind: AlertKind::ProcessingTime,
+        value: worst.as_secs_f64(),
+        threshold: limit.as_secs_f64(),
+        message: format!(
+            "{}: {what} {:.1}s (threshold {})",
+            w.topic,
+            worst.as_secs_f64(),
+            crate::duration::format(limit)
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -308,5 +367,36 @@ mod tests {
                 ("b", AlertKind::DeadLetterDepth)
             ]
         );
+    }
+
+    /// Rules that could never fire sensibly are refused, naming the key;
+    /// depth thresholds take any count and unset rules are always valid.
+    #[test]
+    fn thresholds_that_cannot_work_are_refused_by_key() {
+        assert_eq!(RULES.validate(), Ok(()));
+        assert_eq!(AlertRules::default().validate(), Ok(()));
+        let depth_zero = AlertRules {
+            dead_letter_depth: Some(0),
+            backlog: Some(0),
+            ..AlertRules::default()
+        };
+        assert_eq!(depth_zero.validate(), Ok(()));
+        for bad in [0.0, -0.1, 1.5, f64::NAN, f64::INFINITY] {
+            let rules = AlertRules {
+                failure_rate: Some(bad),
+                ..RULES
+            };
+            let err = rules.validate().expect_err("out-of-range failure_rate");
+            assert_eq!(err.key(), "failure_rate", "{bad}");
+        }
+        let all_slow = AlertRules {
+            processing_time: Some(Duration::ZERO),
+            ..RULES
+        };
+        assert_eq!(
+            all_slow.validate(),
+            Err(AlertRulesError::ZeroProcessingTime)
+        );
+        assert_eq!(AlertRulesError::ZeroProcessingTime.key(), "processing_time");
     }
 }

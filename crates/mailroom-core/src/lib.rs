@@ -31,7 +31,7 @@ pub mod outcome;
 pub mod retry;
 pub mod store;
 
-pub use alert::{Alert, AlertKind, AlertRules, AttemptWindow};
+pub use alert::{Alert, AlertKind, AlertRules, AlertRulesError, AttemptWindow};
 pub use error::{Result, StoreError};
 pub use event::{Attempt, AttemptOutcome, Event, EventId, NewEvent, Status};
 pub use jiff::Timestamp;

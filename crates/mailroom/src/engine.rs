@@ -9,7 +9,7 @@ use crate::maintenance::Maintenance;
 use crate::topology::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
-use mailroom_core::AlertRules;
+use mailroom_core::{AlertRules, AlertRulesError};
 use mailroom_core::{EventId, Inserted, NewEvent, Retention, Store, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +45,14 @@ pub enum BuildError {
         key: &'static str,
         /// What is wrong.
         error: SourceSpecError,
+    },
+    /// The alert thresholds are refused by [`AlertRules::validate`].
+    #[error("alerts.{key}: {error}")]
+    Alerts {
+        /// The offending key inside `[alerts]` ([`AlertRulesError::key`]).
+        key: &'static str,
+        /// What is wrong.
+        error: AlertRulesError,
     },
     /// Two topics or two sources share a name.
     #[error("{0}")]
@@ -143,8 +151,13 @@ impl EngineBuilder {
     }
 
     /// Validates every topic and source ([`TopicSpec::validate`],
-    /// [`SourceSpec::validate`]) and builds.
+    /// [`SourceSpec::validate`]) and the alert thresholds
+    /// ([`AlertRules::validate`]), and builds.
     pub fn build(self) -> Result<Engine, BuildError> {
+        self.alerts.validate().map_err(|error| BuildError::Alerts {
+            key: error.key(),
+            error,
+        })?;
         let mut topics = topic_runtimes(self.topics, &self.handlers)?;
         let sources = source_map(self.sources, &mut topics)?;
         Ok(Engine {

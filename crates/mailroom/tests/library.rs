@@ -135,6 +135,51 @@ async fn the_builder_refuses_inconsistent_hand_built_topics() {
     assert!(Engine::builder(store).topic(ok).build().is_ok());
 }
 
+/// Hand-built alert thresholds are checked like an `[alerts]` table: a
+/// failure rate that is no share of attempts and a zero processing time are
+/// refused by `build()` with a typed error naming the key.
+#[tokio::test]
+async fn the_builder_refuses_alert_thresholds_that_cannot_work() {
+    use mailroom::{AlertRules, AlertRulesError, BuildError};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let store = mailroom::open_store(&url, true).await.expect("open");
+    let build = |rules: AlertRules| Engine::builder(store.clone()).alerts(rules).build();
+    let err = build(AlertRules {
+        failure_rate: Some(5.0),
+        ..AlertRules::default()
+    })
+    .map(|_| ())
+    .expect_err("a failure rate of 500%");
+    assert!(
+        matches!(
+            err,
+            BuildError::Alerts {
+                key: "failure_rate",
+                error: AlertRulesError::FailureRate(_)
+            }
+        ),
+        "{err}"
+    );
+    let err = build(AlertRules {
+        processing_time: Some(Duration::ZERO),
+        ..AlertRules::default()
+    })
+    .map(|_| ())
+    .expect_err("a zero processing time");
+    assert_eq!(
+        err.to_string(),
+        "alerts.processing_time: must be more than 0"
+    );
+    let ok = AlertRules {
+        dead_letter_depth: Some(0),
+        failure_rate: Some(0.05),
+        processing_time: Some(Duration::from_secs(5)),
+        ..AlertRules::default()
+    };
+    assert!(build(ok).is_ok());
+}
+
 /// A hand-built source is checked like a `[[source]]` table: a name that is
 /// no URL segment is refused by `build()` with a typed error naming the key.
 #[tokio::test]
