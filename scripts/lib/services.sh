@@ -148,17 +148,24 @@ mr_tmp_base() {
 }
 
 mr_state_init() {
-  # $1: state dir to create (must not exist or be empty)
-  MR_STATE="$1"
+  # $1: state dir to create (must not exist or be empty); $2...: the
+  # services to make room for, `pg` and/or `rabbit` (default: both).
+  MR_STATE="$1"; shift
+  local service user
   mkdir -p "$MR_STATE"
   # Service accounts must be able to traverse into it.
   chmod 0755 "$MR_STATE"
-  mkdir -p "$MR_STATE/pg" "$MR_STATE/rabbit"
-  if mr_is_root; then
-    chown postgres: "$MR_STATE/pg"
-    chown rabbitmq: "$MR_STATE/rabbit"
-  fi
-  chmod 0700 "$MR_STATE/pg" "$MR_STATE/rabbit"
+  (($#)) || set -- pg rabbit
+  for service in "$@"; do
+    case "$service" in
+      pg) user=postgres ;;
+      rabbit) user=rabbitmq ;;
+      *) mr_die "mr_state_init: unknown service $service" ;;
+    esac
+    mkdir -p "$MR_STATE/$service"
+    if mr_is_root; then chown "$user": "$MR_STATE/$service"; fi
+    chmod 0700 "$MR_STATE/$service"
+  done
 }
 
 # -------------------------------------------------------------- PostgreSQL --
@@ -248,9 +255,12 @@ mr_rabbit_env() {
   echo RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
-mr_rabbit_start_once() {
-  local start r="$MR_STATE/rabbit"
-  start="$(mr_now)"
+# Picks the node's three ports and writes its config into $MR_STATE/rabbit.
+# The ports are recorded in $MR_STATE/{amqp,dist,epmd}.port, so that a
+# later mr_rabbit_launch (after mr_rabbit_stop) brings the same node back on
+# the same ports with the same data (scripts/rabbit-node.sh).
+mr_rabbit_configure() {
+  local r="$MR_STATE/rabbit"
   MR_AMQP_PORT="$(mr_free_port)"
   MR_DIST_PORT="$(mr_free_port)"
   MR_EPMD_PORT="$(mr_free_port)"
@@ -268,8 +278,22 @@ EOF
     chmod 0700 '$r/home'
   "
   echo "$MR_AMQP_PORT" >"$MR_STATE/amqp.port"
+  echo "$MR_DIST_PORT" >"$MR_STATE/dist.port"
   echo "$MR_EPMD_PORT" >"$MR_STATE/epmd.port"
+}
 
+# Reads back the ports mr_rabbit_configure recorded in $MR_STATE.
+mr_rabbit_ports() {
+  MR_AMQP_PORT="$(cat "$MR_STATE/amqp.port")" &&
+    MR_DIST_PORT="$(cat "$MR_STATE/dist.port")" &&
+    MR_EPMD_PORT="$(cat "$MR_STATE/epmd.port")"
+}
+
+# Starts the configured node (its own epmd first) and waits until it
+# answers the AMQP handshake; sets MR_AMQP_URL.
+mr_rabbit_launch() {
+  local start r="$MR_STATE/rabbit"
+  start="$(mr_now)"
   local -a env; mapfile -t env < <(mr_rabbit_env)
 
   # Our own epmd, in the foreground of its own session, so we know its pid
@@ -303,6 +327,10 @@ EOF
   done
   MR_AMQP_URL="amqp://guest:guest@127.0.0.1:$MR_AMQP_PORT/%2f"
   mr_log "RabbitMQ: ready ($MR_AMQP_URL) in $(mr_since "$start")"
+}
+
+mr_rabbit_start_once() {
+  mr_rabbit_configure && mr_rabbit_launch
 }
 
 mr_rabbit_start() {

@@ -11,7 +11,8 @@
 //! a server must fail, never silently skip, when the server is not there.
 //!
 //! A test that must stop or crash-restart PostgreSQL uses a
-//! [`PrivatePostgres`] cluster of its own instead, never the shared server.
+//! [`PrivatePostgres`] cluster of its own instead, never the shared server;
+//! one that must stop and start RabbitMQ uses a [`PrivateRabbit`] node.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -25,7 +26,9 @@
 use sqlx::Connection as _;
 
 mod private_pg;
+mod private_rabbit;
 pub use private_pg::PrivatePostgres;
+pub use private_rabbit::PrivateRabbit;
 
 /// Environment variable holding the admin URL of the test PostgreSQL server.
 pub const POSTGRES_URL_VAR: &str = "MAILROOM_TEST_POSTGRES_URL";

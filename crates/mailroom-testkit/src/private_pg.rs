@@ -31,7 +31,7 @@ fn pg_bin(name: &str) -> PathBuf {
     Path::new(&dir).join(name)
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

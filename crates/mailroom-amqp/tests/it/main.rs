@@ -4,6 +4,7 @@
 mod connection;
 mod publish;
 mod relay;
+mod restart;
 mod source;
 mod topology;
 
