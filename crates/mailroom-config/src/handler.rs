@@ -2,7 +2,7 @@
 
 use crate::amqp::{AmqpHandlerPlan, AmqpPlan};
 use crate::error::ConfigError;
-use crate::file::{Config, HandlerConfig};
+use crate::file::{Config, HandlerConfig, HttpHandlerConfig};
 use mailroom::TopicSpec;
 use mailroom::handler::SharedHandler;
 use mailroom::handler::command::CommandHandler;
@@ -35,34 +35,7 @@ pub(crate) fn handler(
         ));
     }
     if let Some(http) = &h.http {
-        let url = reqwest::Url::parse(&http.url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| {
-                cfg.invalid(
-                    at(".http.url"),
-                    format!("{:?} is not an http(s) URL", http.url),
-                )
-            })?;
-        let secret = http
-            .secret
-            .as_deref()
-            .map(HttpHandler::decode_secret)
-            .transpose()
-            .map_err(|m| cfg.invalid(at(".http.secret"), m))?;
-        let timeout = http.timeout.unwrap_or(topic.timeout).min(topic.timeout);
-        let handler = HttpHandler::new(HttpHandlerSettings {
-            url,
-            timeout,
-            secret,
-            headers: http.headers.clone(),
-            permanent_statuses: http
-                .permanent_statuses
-                .clone()
-                .unwrap_or_else(|| HttpHandlerSettings::DEFAULT_PERMANENT_STATUSES.to_vec()),
-        })
-        .map_err(|m| cfg.invalid(at(".http"), m))?;
-        return Ok(Some(Arc::new(handler)));
+        return Ok(Some(Arc::new(http_handler(http, topic, &at, cfg)?)));
     }
     if let Some(argv) = &h.command {
         let handler =
@@ -82,4 +55,41 @@ pub(crate) fn handler(
         Some(true) => Ok(None),
         _ => Err(cfg.invalid(at(".pull"), "only `pull = true` makes sense")),
     }
+}
+
+/// `handler = { http = {...} }`: an http(s) URL, a decodable secret, and a
+/// timeout no longer than the topic's.
+fn http_handler(
+    http: &HttpHandlerConfig,
+    topic: &TopicSpec,
+    at: &dyn Fn(&str) -> String,
+    cfg: &Config,
+) -> Result<HttpHandler, ConfigError> {
+    let url = reqwest::Url::parse(&http.url)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .ok_or_else(|| {
+            cfg.invalid(
+                at(".http.url"),
+                format!("{:?} is not an http(s) URL", http.url),
+            )
+        })?;
+    let secret = http
+        .secret
+        .as_deref()
+        .map(HttpHandler::decode_secret)
+        .transpose()
+        .map_err(|m| cfg.invalid(at(".http.secret"), m))?;
+    let timeout = http.timeout.unwrap_or(topic.timeout).min(topic.timeout);
+    HttpHandler::new(HttpHandlerSettings {
+        url,
+        timeout,
+        secret,
+        headers: http.headers.clone(),
+        permanent_statuses: http
+            .permanent_statuses
+            .clone()
+            .unwrap_or_else(|| HttpHandlerSettings::DEFAULT_PERMANENT_STATUSES.to_vec()),
+    })
+    .map_err(|m| cfg.invalid(at(".http"), m))
 }

@@ -81,6 +81,66 @@ enum Check {
     },
 }
 
+impl Check {
+    /// Parses the scheme's header names; a token scheme keeps the digests
+    /// of its secrets.
+    fn new(scheme: &Scheme, secrets: &[&str]) -> Result<Self, ConfigError> {
+        let header = |h: &str| {
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| ConfigError::InvalidHeaderName {
+                scheme: scheme.name(),
+                header: h.to_owned(),
+            })
+        };
+        Ok(match scheme {
+            Scheme::StandardWebhooks => Check::StandardWebhooks,
+            Scheme::Stripe => Check::Stripe,
+            Scheme::GitHub => Check::GitHub,
+            Scheme::Shopify => Check::Shopify,
+            Scheme::Slack => Check::Slack,
+            Scheme::Token { header: h } => Check::Token {
+                header: header(h)?,
+                digests: secrets
+                    .iter()
+                    .map(|s| Sha256::digest(s.as_bytes()).into())
+                    .collect(),
+            },
+            Scheme::Hmac {
+                header: h,
+                prefix,
+                encoding,
+            } => Check::Hmac {
+                header: header(h)?,
+                prefix: prefix.as_deref().unwrap_or_default().as_bytes().to_vec(),
+                encoding: *encoding,
+            },
+        })
+    }
+}
+
+/// One keyed HMAC state per secret, decoded as `scheme` says.
+fn hmac_keys(scheme: &Scheme, secrets: &[&str]) -> Result<Vec<HmacSha256>, ConfigError> {
+    let invalid = |index, problem| ConfigError::InvalidSecret {
+        scheme: scheme.name(),
+        index,
+        problem,
+    };
+    let mut macs = Vec::with_capacity(secrets.len());
+    for (index, secret) in secrets.iter().enumerate() {
+        let key = key_bytes(scheme, secret).ok_or_else(|| {
+            invalid(
+                index,
+                "not valid base64 after the optional `whsec_` prefix, or empty",
+            )
+        })?;
+        // HMAC accepts keys of any length; the error arm is unreachable
+        // but is mapped rather than unwrapped.
+        let mac = HmacSha256::new_from_slice(&key)
+            .map_err(|_| invalid(index, "unusable as an HMAC-SHA256 key"))?;
+        macs.push(mac);
+    }
+    Ok(macs)
+}
+
 impl Verifier {
     /// Builds a verifier for `scheme` that accepts a signature made with any
     /// of `secrets`.
@@ -104,66 +164,22 @@ impl Verifier {
     {
         let name = scheme.name();
         let secrets: Vec<I::Item> = secrets.into_iter().collect();
+        let secrets: Vec<&str> = secrets.iter().map(AsRef::as_ref).collect();
         if secrets.is_empty() {
             return Err(ConfigError::NoSecrets { scheme: name });
         }
-        for (index, secret) in secrets.iter().enumerate() {
-            if secret.as_ref().is_empty() {
-                return Err(ConfigError::EmptySecret {
-                    scheme: name,
-                    index,
-                });
-            }
-        }
-        let header = |h: &str| {
-            HeaderName::from_bytes(h.as_bytes()).map_err(|_| ConfigError::InvalidHeaderName {
+        if let Some(index) = secrets.iter().position(|s| s.is_empty()) {
+            return Err(ConfigError::EmptySecret {
                 scheme: name,
-                header: h.to_owned(),
-            })
-        };
-        let check = match &scheme {
-            Scheme::StandardWebhooks => Check::StandardWebhooks,
-            Scheme::Stripe => Check::Stripe,
-            Scheme::GitHub => Check::GitHub,
-            Scheme::Shopify => Check::Shopify,
-            Scheme::Slack => Check::Slack,
-            Scheme::Token { header: h } => Check::Token {
-                header: header(h)?,
-                digests: secrets
-                    .iter()
-                    .map(|s| Sha256::digest(s.as_ref().as_bytes()).into())
-                    .collect(),
-            },
-            Scheme::Hmac {
-                header: h,
-                prefix,
-                encoding,
-            } => Check::Hmac {
-                header: header(h)?,
-                prefix: prefix.as_deref().unwrap_or_default().as_bytes().to_vec(),
-                encoding: *encoding,
-            },
-        };
-        let mut macs = Vec::new();
-        if !matches!(check, Check::Token { .. }) {
-            for (index, secret) in secrets.iter().enumerate() {
-                let key =
-                    key_bytes(&scheme, secret.as_ref()).ok_or(ConfigError::InvalidSecret {
-                        scheme: name,
-                        index,
-                        problem: "not valid base64 after the optional `whsec_` prefix, or empty",
-                    })?;
-                // HMAC accepts keys of any length; the error arm is unreachable
-                // but is mapped rather than unwrapped.
-                let mac =
-                    HmacSha256::new_from_slice(&key).map_err(|_| ConfigError::InvalidSecret {
-                        scheme: name,
-                        index,
-                        problem: "unusable as an HMAC-SHA256 key",
-                    })?;
-                macs.push(mac);
-            }
+                index,
+            });
         }
+        let check = Check::new(&scheme, &secrets)?;
+        let macs = if matches!(check, Check::Token { .. }) {
+            Vec::new()
+        } else {
+            hmac_keys(&scheme, &secrets)?
+        };
         Ok(Self {
             scheme,
             check,
@@ -203,65 +219,90 @@ impl Verifier {
         match &self.check {
             Check::StandardWebhooks => self.standard_webhooks(headers, body, now_unix),
             Check::Stripe => self.stripe(headers, body, now_unix),
-            Check::GitHub => {
-                let value = self.header(headers, &GITHUB_SIGNATURE)?;
-                let sig = value
-                    .strip_prefix(b"sha256=")
-                    .ok_or_else(|| self.bad(&GITHUB_SIGNATURE, "expected `sha256=<hex>`"))?;
-                let sig = parse::hex32(sig)
-                    .ok_or_else(|| self.bad(&GITHUB_SIGNATURE, "signature is not 64 hex digits"))?;
-                self.matches(&[body], &[sig])
-            }
-            Check::Shopify => {
-                let value = self.header(headers, &SHOPIFY_HMAC)?;
-                let sig = parse::base64_32(value).ok_or_else(|| {
-                    self.bad(&SHOPIFY_HMAC, "signature is not 32 bytes of padded base64")
-                })?;
-                self.matches(&[body], &[sig])
-            }
-            Check::Slack => {
-                let ts = self.header(headers, &SLACK_TIMESTAMP)?;
-                self.check_timestamp(&SLACK_TIMESTAMP, ts, now_unix)?;
-                let value = self.header(headers, &SLACK_SIGNATURE)?;
-                let sig = value
-                    .strip_prefix(b"v0=")
-                    .ok_or_else(|| self.bad(&SLACK_SIGNATURE, "expected `v0=<hex>`"))?;
-                let sig = parse::hex32(sig)
-                    .ok_or_else(|| self.bad(&SLACK_SIGNATURE, "signature is not 64 hex digits"))?;
-                self.matches(&[b"v0:", ts, b":", body], &[sig])
-            }
-            Check::Token { header, digests } => {
-                let value = self.header(headers, header)?;
-                let presented: Mac32 = Sha256::digest(value).into();
-                let mut found = Choice::from(0);
-                for digest in digests {
-                    found |= digest.ct_eq(&presented);
-                }
-                if bool::from(found) {
-                    Ok(())
-                } else {
-                    Err(self.no_match())
-                }
-            }
+            Check::GitHub => self.github(headers, body),
+            Check::Shopify => self.shopify(headers, body),
+            Check::Slack => self.slack(headers, body, now_unix),
+            Check::Token { header, digests } => self.token(headers, header, digests),
             Check::Hmac {
                 header,
                 prefix,
                 encoding,
-            } => {
-                let value = self.header(headers, header)?;
-                let sig = value
-                    .strip_prefix(prefix.as_slice())
-                    .ok_or_else(|| self.bad(header, "does not start with the configured prefix"))?;
-                let sig = match encoding {
-                    Encoding::Hex => parse::hex32(sig)
-                        .ok_or_else(|| self.bad(header, "signature is not 64 hex digits"))?,
-                    Encoding::Base64 => parse::base64_32(sig).ok_or_else(|| {
-                        self.bad(header, "signature is not 32 bytes of padded base64")
-                    })?,
-                };
-                self.matches(&[body], &[sig])
-            }
+            } => self.hmac(headers, body, header, prefix, *encoding),
         }
+    }
+
+    /// GitHub: `sha256=<hex>` of the body.
+    fn github(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), VerifyError> {
+        let value = self.header(headers, &GITHUB_SIGNATURE)?;
+        let sig = value
+            .strip_prefix(b"sha256=")
+            .ok_or_else(|| self.bad(&GITHUB_SIGNATURE, "expected `sha256=<hex>`"))?;
+        let sig = parse::hex32(sig)
+            .ok_or_else(|| self.bad(&GITHUB_SIGNATURE, "signature is not 64 hex digits"))?;
+        self.matches(&[body], &[sig])
+    }
+
+    /// Shopify: bare base64 of the body's MAC.
+    fn shopify(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), VerifyError> {
+        let value = self.header(headers, &SHOPIFY_HMAC)?;
+        let sig = parse::base64_32(value)
+            .ok_or_else(|| self.bad(&SHOPIFY_HMAC, "signature is not 32 bytes of padded base64"))?;
+        self.matches(&[body], &[sig])
+    }
+
+    /// Slack: `v0=<hex>` of `v0:{ts}:{body}`, the timestamp checked first.
+    fn slack(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
+        let ts = self.header(headers, &SLACK_TIMESTAMP)?;
+        self.check_timestamp(&SLACK_TIMESTAMP, ts, now)?;
+        let value = self.header(headers, &SLACK_SIGNATURE)?;
+        let sig = value
+            .strip_prefix(b"v0=")
+            .ok_or_else(|| self.bad(&SLACK_SIGNATURE, "expected `v0=<hex>`"))?;
+        let sig = parse::hex32(sig)
+            .ok_or_else(|| self.bad(&SLACK_SIGNATURE, "signature is not 64 hex digits"))?;
+        self.matches(&[b"v0:", ts, b":", body], &[sig])
+    }
+
+    /// A shared token: its digest against every secret's, in constant time.
+    fn token(
+        &self,
+        headers: &HeaderMap,
+        header: &HeaderName,
+        digests: &[Mac32],
+    ) -> Result<(), VerifyError> {
+        let value = self.header(headers, header)?;
+        let presented: Mac32 = Sha256::digest(value).into();
+        let mut found = Choice::from(0);
+        for digest in digests {
+            found |= digest.ct_eq(&presented);
+        }
+        if bool::from(found) {
+            Ok(())
+        } else {
+            Err(self.no_match())
+        }
+    }
+
+    /// The generic HMAC of the body, after the configured prefix.
+    fn hmac(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        header: &HeaderName,
+        prefix: &[u8],
+        encoding: Encoding,
+    ) -> Result<(), VerifyError> {
+        let value = self.header(headers, header)?;
+        let sig = value
+            .strip_prefix(prefix)
+            .ok_or_else(|| self.bad(header, "does not start with the configured prefix"))?;
+        let sig = match encoding {
+            Encoding::Hex => parse::hex32(sig)
+                .ok_or_else(|| self.bad(header, "signature is not 64 hex digits"))?,
+            Encoding::Base64 => parse::base64_32(sig)
+                .ok_or_else(|| self.bad(header, "signature is not 32 bytes of padded base64"))?,
+        };
+        self.matches(&[body], &[sig])
     }
 
     /// [Standard Webhooks](https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#verifying-webhook-authenticity):

@@ -194,41 +194,7 @@ fn commit_group(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, commits: &Atom
         }
         return;
     }
-    let mut answers: Vec<Box<dyn Answer>> = Vec::with_capacity(batch.len());
-    let mut broken: Option<String> = None;
-    let mut jobs = batch.drain(..);
-    for job in jobs.by_ref() {
-        if let Err(e) = step(conn, "SAVEPOINT job", "opening a savepoint") {
-            broken = Some(e.to_string());
-            job.abort(e);
-            break;
-        }
-        let answer = job.run(conn);
-        if conn.is_autocommit() {
-            // SQLite rolled the whole transaction back (I/O error, disk full...).
-            broken = Some("sqlite: the write transaction was rolled back".into());
-            answers.push(answer);
-            break;
-        }
-        let end = if answer.succeeded() {
-            step(conn, "RELEASE job", "releasing a savepoint")
-        } else {
-            step(conn, "ROLLBACK TO job", "rolling back a savepoint")
-                .and_then(|()| step(conn, "RELEASE job", "releasing a savepoint"))
-        };
-        answers.push(answer);
-        if let Err(e) = end {
-            broken = Some(e.to_string());
-            break;
-        }
-    }
-    if let Some(why) = &broken {
-        for job in jobs {
-            job.abort(StoreError::Unavailable(why.clone()));
-        }
-    } else {
-        drop(jobs);
-    }
+    let (answers, broken) = run_jobs(conn, batch);
     let committed = match broken {
         Some(why) => Err(why),
         None => conn
@@ -254,4 +220,52 @@ fn commit_group(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, commits: &Atom
             }
         }
     }
+}
+
+/// Runs the jobs of `batch` one savepoint each, inside the open
+/// transaction. Once the transaction is broken the jobs not run yet are
+/// aborted, and the reason is returned beside the answers held so far.
+fn run_jobs(
+    conn: &Connection,
+    batch: &mut Vec<Box<dyn Job>>,
+) -> (Vec<Box<dyn Answer>>, Option<String>) {
+    let mut answers: Vec<Box<dyn Answer>> = Vec::with_capacity(batch.len());
+    let mut jobs = batch.drain(..);
+    let broken = jobs
+        .by_ref()
+        .find_map(|job| run_in_savepoint(conn, job, &mut answers).err());
+    if let Some(why) = &broken {
+        for job in jobs {
+            job.abort(StoreError::Unavailable(why.clone()));
+        }
+    }
+    (answers, broken)
+}
+
+/// One job in its own savepoint: kept if it succeeded, rolled back to the
+/// savepoint if not. `Err` says why the whole transaction is broken.
+fn run_in_savepoint(
+    conn: &Connection,
+    job: Box<dyn Job>,
+    answers: &mut Vec<Box<dyn Answer>>,
+) -> Result<(), String> {
+    if let Err(e) = step(conn, "SAVEPOINT job", "opening a savepoint") {
+        let why = e.to_string();
+        job.abort(e);
+        return Err(why);
+    }
+    let answer = job.run(conn);
+    if conn.is_autocommit() {
+        // SQLite rolled the whole transaction back (I/O error, disk full...).
+        answers.push(answer);
+        return Err("sqlite: the write transaction was rolled back".into());
+    }
+    let end = if answer.succeeded() {
+        step(conn, "RELEASE job", "releasing a savepoint")
+    } else {
+        step(conn, "ROLLBACK TO job", "rolling back a savepoint")
+            .and_then(|()| step(conn, "RELEASE job", "releasing a savepoint"))
+    };
+    answers.push(answer);
+    end.map_err(|e| e.to_string())
 }

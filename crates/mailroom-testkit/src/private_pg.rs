@@ -93,21 +93,7 @@ impl PrivatePostgres {
                 .unwrap_or_else(|e| panic!("chown: {e}"));
             assert!(out.status.success(), "chown postgres: {}", describe(&out));
         }
-        let initdb = pg.run(
-            &pg_bin("initdb"),
-            &[
-                "-D".as_ref(),
-                pg.data_dir.as_os_str(),
-                "-U".as_ref(),
-                "postgres".as_ref(),
-                "--auth=trust".as_ref(),
-                "-E".as_ref(),
-                "UTF8".as_ref(),
-                "--locale=C.UTF-8".as_ref(),
-                "--no-sync".as_ref(),
-            ],
-        );
-        assert!(initdb.status.success(), "initdb: {}", describe(&initdb));
+        pg.initdb();
         // A free port may be taken between our probe and the server's bind:
         // try a few.
         for attempt in 1..=3 {
@@ -122,6 +108,26 @@ impl PrivatePostgres {
             }
         }
         unreachable!("the loop returns or panics")
+    }
+
+    /// A fresh cluster in the data directory: superuser `postgres`, trust
+    /// authentication, UTF-8, no fsync of the initial files.
+    fn initdb(&self) {
+        let initdb = self.run(
+            &pg_bin("initdb"),
+            &[
+                "-D".as_ref(),
+                self.data_dir.as_os_str(),
+                "-U".as_ref(),
+                "postgres".as_ref(),
+                "--auth=trust".as_ref(),
+                "-E".as_ref(),
+                "UTF8".as_ref(),
+                "--locale=C.UTF-8".as_ref(),
+                "--no-sync".as_ref(),
+            ],
+        );
+        assert!(initdb.status.success(), "initdb: {}", describe(&initdb));
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.

@@ -116,6 +116,26 @@ impl HttpHandler {
         body: bytes::Bytes,
         extra: Vec<(&'static str, String)>,
     ) -> Answer {
+        let req = self.request(webhook_id, content_type, &body, extra);
+        match req.body(body).send().await {
+            Ok(resp) => self.judge(resp).await,
+            Err(e) => Answer::Failure(Outcome::retry(format!(
+                "request to {} failed: {}",
+                self.settings.url,
+                error_chain(&e)
+            ))),
+        }
+    }
+
+    /// The signed POST (Standard Webhooks headers) with the configured and
+    /// the `extra` headers, still without its body.
+    fn request(
+        &self,
+        webhook_id: &str,
+        content_type: &str,
+        body: &[u8],
+        extra: Vec<(&'static str, String)>,
+    ) -> reqwest::RequestBuilder {
         let ts = jiff::Timestamp::now().as_second();
         let mut req = self
             .client
@@ -127,22 +147,18 @@ impl HttpHandler {
         if let Some(key) = &self.settings.secret {
             req = req.header(
                 "webhook-signature",
-                standard_webhooks_signature(key, webhook_id, ts, &body),
+                standard_webhooks_signature(key, webhook_id, ts, body),
             );
         }
         for (name, value) in extra {
             req = req.header(name, value);
         }
-        let resp = match req.body(body).send().await {
-            Ok(r) => r,
-            Err(e) => {
-                return Answer::Failure(Outcome::retry(format!(
-                    "request to {} failed: {}",
-                    self.settings.url,
-                    error_chain(&e)
-                )));
-            }
-        };
+        req
+    }
+
+    /// Any 2xx is success; `permanent_statuses` are permanent; anything else
+    /// is retried, at `Retry-After` if the answer gives one.
+    async fn judge(&self, resp: reqwest::Response) -> Answer {
         let status = resp.status();
         let retry_after = resp
             .headers()
