@@ -203,8 +203,9 @@ fn backoff(failures: u32) -> Duration {
         .mul_f64(0.5 + rand::random::<f64>() / 2.0)
 }
 
-/// The URL without its password, for logs and metric labels.
-fn redact(url: &str) -> String {
+/// The URL without its user and password, for logs, metric labels and
+/// `/readyz`.
+pub fn redact(url: &str) -> String {
     match (url.split_once("://"), url.rfind('@')) {
         (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
         _ => url.to_string(),

@@ -39,6 +39,19 @@ pub enum AmqpError {
 }
 
 impl AmqpError {
+    /// The broker (or AMQP itself) refused what was asked: a conflicting
+    /// declare, a missing exchange, access refused, a name too long. Asking
+    /// again will not help, unlike a broker that cannot be reached.
+    pub fn is_refused(&self) -> bool {
+        match self {
+            AmqpError::Inequivalent { .. } | AmqpError::Invalid(_) => true,
+            AmqpError::Broker { source, .. } => matches!(
+                source.kind(),
+                lapin::ErrorKind::ProtocolError(e) if matches!(e.kind(), AMQPErrorKind::Soft(_))
+            ),
+        }
+    }
+
     /// Wraps lapin's error for `action`, recognising the broker's
     /// "inequivalent arg" refusal so that it names the object and argument.
     pub(crate) fn broker(action: impl Into<String>, source: lapin::Error) -> Self {

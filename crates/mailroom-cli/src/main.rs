@@ -105,6 +105,12 @@ pub enum Command {
     },
     /// Apply pending schema migrations, then exit.
     Migrate,
+    /// RabbitMQ tools.
+    Amqp {
+        /// `declare`.
+        #[command(subcommand)]
+        command: AmqpCommand,
+    },
     /// Configuration tools.
     Config {
         /// `check`.
@@ -139,6 +145,13 @@ pub enum EventsCommand {
         /// Event id.
         id: String,
     },
+}
+
+/// `amqp` verbs.
+#[derive(Debug, Subcommand)]
+pub enum AmqpCommand {
+    /// Declare the [amqp] exchanges, queues and bindings on the broker and print what exists.
+    Declare,
 }
 
 /// `config` verbs.

@@ -11,7 +11,8 @@
 //!   rate limits (429).
 //! - `POST /v1/events` with `Idempotency-Key` (module `idempotency`).
 //! - `/metrics` (Prometheus text, rendered by the binary's exporter),
-//!   `/healthz`, `/readyz`.
+//!   `/healthz`, and `/readyz` (module `ready`: the store and each registered
+//!   [`Dependency`], e.g. an AMQP connection).
 //!
 //! Only this crate knows HTTP routing; the engine knows nothing of axum.
 
@@ -21,6 +22,7 @@ mod idempotency;
 pub mod limits;
 pub mod problem;
 pub mod pull;
+mod ready;
 pub mod webhooks;
 
 use axum::Router;
@@ -29,6 +31,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use http::StatusCode;
 use mailroom::Engine;
+pub use ready::Dependency;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +49,8 @@ pub struct ServerOptions {
     pub metrics: Option<MetricsRenderer>,
     /// Load-shedding limits (see [`limits::Limits`] for the defaults).
     pub limits: limits::Limits,
+    /// Reported by `/readyz` beside the store; any one down makes it 503.
+    pub dependencies: Vec<Dependency>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -54,6 +59,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("api_tokens", &self.api_tokens.len())
             .field("metrics", &self.metrics.is_some())
             .field("limits", &self.limits)
+            .field("dependencies", &self.dependencies)
             .finish()
     }
 }
@@ -93,7 +99,7 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
         .nest("/v1", v1)
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
+        .route("/readyz", get(ready::ready))
         .with_state(state);
     limits::shed_beyond(routes, max_in_flight)
 }
@@ -107,13 +113,6 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         )
             .into_response(),
         None => problem::Problem::not_found("metrics are not enabled").into_response(),
-    }
-}
-
-async fn ready(State(s): State<AppState>) -> impl IntoResponse {
-    match s.engine.ready().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => problem::Problem::unavailable(format!("store unreachable: {e}")).into_response(),
     }
 }
 

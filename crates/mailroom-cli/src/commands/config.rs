@@ -4,7 +4,8 @@
 use super::load_config;
 use crate::{Cli, ConfigCommand};
 use anyhow::{Result, bail};
-use mailroom_config::{Config, Topology};
+use mailroom_amqp::{QueueSpec, redact};
+use mailroom_config::{AmqpPlan, Config, Topology};
 
 pub(super) fn run(cli: &Cli, command: &ConfigCommand, json: bool) -> Result<()> {
     match command {
@@ -27,7 +28,8 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     if json {
         outln!(
             "{}",
-            serde_json::json!({ "ok": true, "file": config.origin, "warnings": warnings })
+            serde_json::json!({ "ok": true, "file": config.origin, "warnings": warnings,
+                "amqp": amqp_json(&topology.amqp) })
         );
         return Ok(());
     }
@@ -36,6 +38,7 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     outln!("  store   {}", config.store.url);
     print_topics(&topology);
     print_sources(&config);
+    print_amqp(&topology.amqp);
     print_alerts(&topology);
     for w in &warnings {
         outln!("warning: {w}");
@@ -69,17 +72,17 @@ fn print_topics(topology: &Topology) {
             t.concurrency,
             t.retry.max_attempts,
             mailroom::duration::format(t.timeout),
-            if handler.is_some() {
-                "built-in"
-            } else {
-                "pull"
+            match handler {
+                Some(_) if topology.amqp.handlers.iter().any(|h| h.topic == t.name) => "amqp",
+                Some(_) => "built-in",
+                None => "pull",
             }
         );
     }
 }
 
 fn print_sources(config: &Config) {
-    for s in &config.sources {
+    for s in config.sources.iter().filter(|s| s.amqp.is_none()) {
         outln!(
             "  source  POST /webhooks/{} -> {}{}",
             s.name,
@@ -116,4 +119,115 @@ fn print_alerts(topology: &Topology) {
     if !rules.is_empty() {
         outln!("  alerts  {} (per topic)", rules.join(", "));
     }
+}
+
+/// `[amqp]` (declared at start) and the AMQP sources and handlers `serve` runs.
+fn print_amqp(plan: &AmqpPlan) {
+    if let Some(url) = &plan.url {
+        outln!(
+            "  amqp    {} (declared at start and by `mailroom amqp declare`)",
+            redact(url)
+        );
+    }
+    for e in &plan.topology.exchanges {
+        let durable = if e.durable { "durable" } else { "transient" };
+        outln!(
+            "          exchange {} ({}, {durable})",
+            e.name,
+            e.kind.as_str()
+        );
+    }
+    for q in &plan.topology.queues {
+        outln!("          queue {}", queue_line(q));
+    }
+    for (url, s) in &plan.sources {
+        outln!(
+            "  source  amqp {} queue {} -> {} (prefetch {}, ack after commit)",
+            redact(url),
+            s.queue,
+            s.topic,
+            s.prefetch
+        );
+    }
+    for h in &plan.handlers {
+        let spec = h.handler.spec();
+        outln!(
+            "  handler {} -> amqp {} exchange {:?} routing key {:?}{} (confirms, mandatory)",
+            h.topic,
+            redact(&h.url),
+            spec.exchange,
+            spec.routing_key,
+            if spec.envelope { ", envelope" } else { "" }
+        );
+    }
+}
+
+fn queue_line(q: &QueueSpec) -> String {
+    let mut parts = vec![if q.durable { "durable" } else { "transient" }.to_string()];
+    if let Some(ttl) = q.ttl {
+        parts.push(format!("ttl {}", mailroom::duration::format(ttl)));
+    }
+    if let Some(n) = q.max_length {
+        parts.push(format!("max_length {n}"));
+    }
+    if q.dead_letter {
+        parts.push(format!(
+            "dead letters -> {} -> {}",
+            q.dead_letter_exchange(),
+            q.dead_letter_queue()
+        ));
+    }
+    let binds: Vec<String> = q
+        .bindings
+        .iter()
+        .map(|b| format!("{} {:?}", b.exchange, b.routing_key))
+        .collect();
+    if !binds.is_empty() {
+        parts.push(format!("bound to {}", binds.join(", ")));
+    }
+    format!("{} ({})", q.name, parts.join(", "))
+}
+
+fn amqp_json(plan: &AmqpPlan) -> serde_json::Value {
+    let queues: Vec<_> = plan
+        .topology
+        .queues
+        .iter()
+        .map(|q| {
+            let bindings: Vec<_> = q
+                .bindings
+                .iter()
+                .map(|b| serde_json::json!({"exchange": b.exchange, "routing_key": b.routing_key}))
+                .collect();
+            serde_json::json!({"name": q.name, "durable": q.durable,
+                "ttl": q.ttl.map(mailroom::duration::format), "max_length": q.max_length,
+                "dead_letter_queue": q.dead_letter.then(|| q.dead_letter_queue()),
+                "bindings": bindings})
+        })
+        .collect();
+    let exchanges: Vec<_> = plan
+        .topology
+        .exchanges
+        .iter()
+        .map(|e| serde_json::json!({"name": e.name, "kind": e.kind.as_str(), "durable": e.durable}))
+        .collect();
+    let sources: Vec<_> = plan
+        .sources
+        .iter()
+        .map(|(url, s)| {
+            serde_json::json!({"name": s.name, "url": redact(url), "queue": s.queue,
+            "topic": s.topic, "prefetch": s.prefetch})
+        })
+        .collect();
+    let handlers: Vec<_> = plan
+        .handlers
+        .iter()
+        .map(|h| {
+            serde_json::json!({"topic": h.topic, "url": redact(&h.url),
+            "exchange": h.handler.spec().exchange, "routing_key": h.handler.spec().routing_key,
+            "envelope": h.handler.spec().envelope})
+        })
+        .collect();
+    serde_json::json!({"url": plan.url.as_deref().map(redact), "exchanges": exchanges,
+        "queues": queues, "sources": sources, "handlers": handlers})
 }

@@ -3,6 +3,7 @@
 //! loading the configuration and opening the store through an engine.
 //! Errors carry context (`anyhow`); the library crates stay typed.
 
+mod amqp;
 mod config;
 mod events;
 mod migrate;
@@ -43,6 +44,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Skip { id } => skip::run(&cli, id, json).await?,
         Command::Purge { older_than } => purge::run(&cli, older_than, json).await?,
         Command::Config { command } => config::run(&cli, command, json)?,
+        Command::Amqp { command } => amqp::run(&cli, command, json).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! `mailroom serve`: intake, dispatcher and HTTP API in one process, until
 //! SIGINT/SIGTERM.
 
-use super::{load_config, open};
+use super::{amqp, load_config, open};
 use crate::Cli;
 use anyhow::{Context, Result, bail};
 use mailroom_config::{Config, Topology};
@@ -30,13 +30,9 @@ async fn serve(config: Config) -> Result<()> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("cannot install the metrics recorder")?;
-    let topology = Topology::from_config(&config)?;
-    if !topology.amqp.is_empty() {
-        bail!(
-            "{}: [amqp], AMQP sources and AMQP handlers are parsed but `serve` does not run them yet",
-            config.origin
-        );
-    }
+    let mut topology = Topology::from_config(&config)?;
+    let plan = std::mem::take(&mut topology.amqp);
+    amqp::declare_before_serve(&plan).await?;
     let store = open(&config).await?;
     let engine = topology
         .into_builder(store)
@@ -46,6 +42,7 @@ async fn serve(config: Config) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     announce(&config, &engine, listener.local_addr()?, loopback);
+    let (brokers, dependencies) = amqp::start(&plan, &engine)?;
 
     let shutdown = CancellationToken::new();
     tokio::spawn(wait_for_signals(shutdown.clone()));
@@ -58,10 +55,13 @@ async fn serve(config: Config) -> Result<()> {
             api_tokens: tokens,
             metrics: Some(render),
             limits: limits.clone(),
+            dependencies,
         },
     );
     let server = mailroom_server::serve_with(listener, router, shutdown.clone(), &limits);
     let (served, ()) = tokio::join!(server, engine.run(shutdown.clone()));
+    // After the engine: AMQP handlers publish until its last attempt ends.
+    brokers.stop().await;
     let _ = upkeep.await;
     served.context("HTTP server failed")?;
     tracing::info!("stopped cleanly");

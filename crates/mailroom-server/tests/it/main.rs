@@ -7,5 +7,6 @@ mod command_handler;
 mod http_handler;
 mod intake;
 mod leases;
+mod ready;
 mod retries;
 mod support;

@@ -1,0 +1,76 @@
+//! The shipped configurations stay valid: `mailroom config check` accepts
+//! `mailroom.example.toml` and `examples/rabbitmq/mailroom.toml` and sees
+//! the RabbitMQ parts they document.
+
+use std::path::Path;
+use std::process::Command;
+
+/// `mailroom --config <file> config check --json` with the variables the
+/// examples reference set; the parsed answer.
+fn check(file: &str) -> serde_json::Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(env!("CARGO_BIN_EXE_mailroom"))
+        .arg("--config")
+        .arg(root.join(file))
+        .args(["config", "check", "--json"])
+        .env_remove("MAILROOM_CONFIG")
+        .env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+        .env("AMQP_PASSWORD", "pw")
+        .env("ASAAS_TOKEN", "t")
+        .env("HANDLER_SECRET", "s")
+        .output()
+        .expect("run mailroom config check");
+    assert!(
+        out.status.success(),
+        "{file}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON answer")
+}
+
+/// `examples/rabbitmq`: one topic exchange, three queues bound by routing
+/// key, each with a TTL and a dead-letter queue; one AMQP source consuming
+/// one of them and a relay topic publishing to the exchange.
+#[test]
+fn the_rabbitmq_example_declares_a_full_topology() {
+    let c = check("examples/rabbitmq/mailroom.toml");
+    let amqp = &c["amqp"];
+    assert_eq!(
+        amqp["url"], "amqp://127.0.0.1:5672/%2f",
+        "no password shown"
+    );
+    let exchanges = amqp["exchanges"].as_array().expect("exchanges");
+    assert_eq!(exchanges.len(), 1);
+    assert_eq!(exchanges[0]["kind"], "topic");
+    let queues = amqp["queues"].as_array().expect("queues");
+    assert_eq!(queues.len(), 3);
+    for q in queues {
+        assert!(q["ttl"].is_string(), "{q}");
+        assert_eq!(
+            q["dead_letter_queue"],
+            format!("{}.dlq", q["name"].as_str().unwrap())
+        );
+        assert_eq!(q["bindings"][0]["exchange"], exchanges[0]["name"], "{q}");
+    }
+    let sources = amqp["sources"].as_array().expect("sources");
+    assert_eq!(sources.len(), 1);
+    assert!(queues.iter().any(|q| q["name"] == sources[0]["queue"]));
+    let handlers = amqp["handlers"].as_array().expect("handlers");
+    assert_eq!(handlers.len(), 1);
+    assert_eq!(handlers[0]["exchange"], exchanges[0]["name"]);
+}
+
+/// `mailroom.example.toml` documents the AMQP parts too: `[amqp]`, an AMQP
+/// source and an AMQP handler.
+#[test]
+fn the_annotated_example_has_the_amqp_parts() {
+    let c = check("mailroom.example.toml");
+    let amqp = &c["amqp"];
+    assert_eq!(amqp["url"], "amqp://127.0.0.1:5672/%2f");
+    assert_eq!(
+        amqp["queues"][0]["dead_letter_queue"],
+        "simulacoes.created.dlq"
+    );
+    assert_eq!(amqp["sources"][0]["queue"], "simulacoes.created");
+    assert_eq!(amqp["handlers"][0]["routing_key"], "{type}");
+}
