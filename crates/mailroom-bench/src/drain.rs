@@ -8,6 +8,7 @@
 
 use crate::backend::{Backend, CallCounts, CountingStore, Fresh, ServerStats, postgres_cpu};
 use crate::procfs;
+use crate::stats::fmt_cpu;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use mailroom::handler::{batch_handler_fn, handler_fn};
@@ -232,106 +233,18 @@ async fn run_on(
     fresh: &Fresh,
     instances: usize,
 ) -> anyhow::Result<DrainResult> {
-    // Preload: many concurrent enqueues, which the writer groups into
-    // commits. On PostgreSQL through a handle of its own, closed before the
-    // drain, so the server's commit counters of the drain are the drain's.
     let mut all = Vec::with_capacity(instances);
-    let (preload, preload_commits) = if fresh.is_postgres() {
-        let loader = instance(s, mode, fresh, usize::MAX).await?;
-        let started = Instant::now();
-        preload(s, mode, &loader.engine).await?;
-        let took = started.elapsed();
-        let commits = loader.opened.commits();
-        loader.opened.close().await;
-        drop(loader);
-        (took, commits)
-    } else {
-        all.push(instance(s, mode, fresh, 0).await?);
-        let started = Instant::now();
-        preload(s, mode, &all[0].engine).await?;
-        (started.elapsed(), all[0].opened.commits())
-    };
+    let (preload, preload_commits) = preload_store(s, mode, fresh, &mut all).await?;
     while all.len() < instances {
         all.push(instance(s, mode, fresh, all.len()).await?);
     }
-    let store = all[0].opened.store();
-
-    // Drain.
-    let total_handled = || -> u64 { all.iter().map(|i| i.handled.load(Ordering::Relaxed)).sum() };
-    let calls_now = || {
-        all.iter()
-            .map(|i| i.calls.snapshot())
-            .fold(CallCounts::default(), CallCounts::add)
-    };
-    let stop_rss = CancellationToken::new();
-    let rss = tokio::spawn(procfs::sample_rss("self".into(), stop_rss.clone()));
-    if fresh.is_postgres() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let server_before = fresh.server_stats().await;
-    let cpu_before = procfs::threads_cpu("self");
-    let pg_before = postgres_cpu();
-    let calls_before = calls_now();
-    let commits_before: u64 = all.iter().map(|i| i.opened.commits()).sum();
-    let written_before = procfs::io_counter("self", "write_bytes").unwrap_or(0);
-    let shutdown = CancellationToken::new();
-    let started = Instant::now();
-    let mut runners = Vec::new();
-    for i in &all {
-        let engine = i.engine.clone();
-        let shutdown = shutdown.clone();
-        runners.push(tokio::spawn(async move { engine.run(shutdown).await }));
-    }
-    let deadline = started + s.timeout;
-    // The handler's counter says when the last attempt ran; the store says
-    // when its completion is committed. Time the latter.
-    while total_handled() < s.events && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let mut done = 0;
-    while Instant::now() < deadline {
-        done = store
-            .stats()
-            .await?
-            .iter()
-            .filter(|t| t.topic == TOPIC)
-            .map(|t| t.count(Status::Done))
-            .sum();
-        if done >= s.events {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let drain = started.elapsed();
-    let cpu = procfs::cpu_share(&cpu_before, &procfs::threads_cpu("self"), drain);
-    let pg_cpu = procfs::cpu_share(&pg_before, &postgres_cpu(), drain);
-    let calls = calls_now().since(calls_before);
-    let local_commits = all.iter().map(|i| i.opened.commits()).sum::<u64>() - commits_before;
-    let drain_write_bytes = procfs::io_counter("self", "write_bytes")
-        .unwrap_or(0)
-        .saturating_sub(written_before);
-    shutdown.cancel();
-    for r in runners {
-        r.await?;
-    }
-    for i in &all {
-        i.opened.close().await;
-    }
-    // Closed backends report their counters as they exit.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let drain_commits = match (server_before, fresh.server_stats().await) {
-        (Some(b), Some(a)) => ServerStats::since(a, b).xact_commit,
-        _ => local_commits,
-    };
-    stop_rss.cancel();
-    let peak = rss.await?;
-    let hwm = procfs::status_bytes("self", "VmHWM").unwrap_or(0);
+    let d = drain_all(s, fresh, &all).await?;
     let handled_per_instance: Vec<u64> = all
         .iter()
         .map(|i| i.handled.load(Ordering::Relaxed))
         .collect();
-    let handled = handled_per_instance.iter().sum();
     drop(all);
+    let done = d.done;
     if done < s.events {
         bail!(
             "drain timed out after {:?}: {done} of {} done",
@@ -351,19 +264,158 @@ async fn run_on(
         preload_secs: preload.as_secs_f64(),
         preload_inserts_per_sec: s.events as f64 / preload.as_secs_f64(),
         preload_commits,
-        drain_secs: drain.as_secs_f64(),
-        events_per_sec: s.events as f64 / drain.as_secs_f64(),
-        drain_commits,
-        drain_write_bytes,
+        drain_secs: d.took.as_secs_f64(),
+        events_per_sec: s.events as f64 / d.took.as_secs_f64(),
+        drain_commits: d.commits,
+        drain_write_bytes: d.after.written.saturating_sub(d.before.written),
         done,
-        handled,
+        handled: handled_per_instance.iter().sum(),
         handled_per_instance,
-        calls,
-        drain_peak_rss_mib: procfs::mib(peak.sampled_max),
-        hwm_mib: procfs::mib(hwm),
-        cpu,
-        pg_cpu,
+        calls: d.after.calls.since(d.before.calls),
+        drain_peak_rss_mib: procfs::mib(d.peak_rss),
+        hwm_mib: procfs::mib(procfs::status_bytes("self", "VmHWM").unwrap_or(0)),
+        cpu: procfs::cpu_share(&d.before.cpu, &d.after.cpu, d.took),
+        pg_cpu: procfs::cpu_share(&d.before.pg_cpu, &d.after.pg_cpu, d.took),
     })
+}
+
+/// What one drain measured.
+struct Drained {
+    /// Events `done` in the store at the end.
+    done: u64,
+    took: Duration,
+    before: Counters,
+    after: Counters,
+    /// The database's commits (PostgreSQL), else the store writers'.
+    commits: u64,
+    peak_rss: u64,
+}
+
+/// Runs every instance's engine until the store has all events `done` (or
+/// the timeout), then stops them and closes their store handles.
+async fn drain_all(s: &Settings, fresh: &Fresh, all: &[Instance]) -> anyhow::Result<Drained> {
+    let stop_rss = CancellationToken::new();
+    let rss = tokio::spawn(procfs::sample_rss("self".into(), stop_rss.clone()));
+    if fresh.is_postgres() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let server_before = fresh.server_stats().await;
+    let before = Counters::take(all);
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let runners: Vec<_> = all
+        .iter()
+        .map(|i| {
+            let (engine, shutdown) = (i.engine.clone(), shutdown.clone());
+            tokio::spawn(async move { engine.run(shutdown).await })
+        })
+        .collect();
+    let done = wait_until_done(s, all, started + s.timeout).await?;
+    let took = started.elapsed();
+    let after = Counters::take(all);
+    shutdown.cancel();
+    for r in runners {
+        r.await?;
+    }
+    for i in all {
+        i.opened.close().await;
+    }
+    // Closed backends report their counters as they exit.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let commits = match (server_before, fresh.server_stats().await) {
+        (Some(b), Some(a)) => ServerStats::since(a, b).xact_commit,
+        _ => after.commits - before.commits,
+    };
+    stop_rss.cancel();
+    let peak_rss = rss.await?.sampled_max;
+    Ok(Drained {
+        done,
+        took,
+        before,
+        after,
+        commits,
+        peak_rss,
+    })
+}
+
+/// Preload: many concurrent enqueues, which the writer groups into commits.
+/// On PostgreSQL through a handle of its own, closed before the drain, so
+/// the server's commit counters of the drain are the drain's; on SQLite
+/// through the first instance, pushed onto `all`. How long it took and the
+/// insert transactions it committed.
+async fn preload_store(
+    s: &Settings,
+    mode: DrainMode,
+    fresh: &Fresh,
+    all: &mut Vec<Instance>,
+) -> anyhow::Result<(Duration, u64)> {
+    if fresh.is_postgres() {
+        let loader = instance(s, mode, fresh, usize::MAX).await?;
+        let started = Instant::now();
+        preload(s, mode, &loader.engine).await?;
+        let took = started.elapsed();
+        let commits = loader.opened.commits();
+        loader.opened.close().await;
+        return Ok((took, commits));
+    }
+    let first = instance(s, mode, fresh, 0).await?;
+    let started = Instant::now();
+    preload(s, mode, &first.engine).await?;
+    let took = (started.elapsed(), first.opened.commits());
+    all.push(first);
+    Ok(took)
+}
+
+/// This process's counters a drain is measured by, read at its start and
+/// at its end.
+struct Counters {
+    cpu: BTreeMap<String, Duration>,
+    pg_cpu: BTreeMap<String, Duration>,
+    calls: CallCounts,
+    commits: u64,
+    written: u64,
+}
+
+impl Counters {
+    fn take(all: &[Instance]) -> Self {
+        Counters {
+            cpu: procfs::threads_cpu("self"),
+            pg_cpu: postgres_cpu(),
+            calls: all
+                .iter()
+                .map(|i| i.calls.snapshot())
+                .fold(CallCounts::default(), CallCounts::add),
+            commits: all.iter().map(|i| i.opened.commits()).sum(),
+            written: procfs::io_counter("self", "write_bytes").unwrap_or(0),
+        }
+    }
+}
+
+/// Waits until the store has every event `done` (or `deadline`), and
+/// returns how many are. The handlers' counters say when the last attempt
+/// ran; the store says when its completion is committed: the drain is
+/// timed to the latter.
+async fn wait_until_done(s: &Settings, all: &[Instance], deadline: Instant) -> anyhow::Result<u64> {
+    let handled = || -> u64 { all.iter().map(|i| i.handled.load(Ordering::Relaxed)).sum() };
+    while handled() < s.events && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let store = all[0].opened.store();
+    let mut done = 0;
+    while Instant::now() < deadline {
+        done = store
+            .stats()
+            .await?
+            .iter()
+            .filter(|t| t.topic == TOPIC)
+            .map(|t| t.count(Status::Done))
+            .sum();
+        if done >= s.events {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(done)
 }
 
 /// Events/s of `r` over the `single` figure of the same run and store.
@@ -374,33 +426,32 @@ pub fn ratio_vs_single(results: &[DrainResult], r: &DrainResult) -> Option<f64> 
     (single.events_per_sec > 0.0).then(|| r.events_per_sec / single.events_per_sec)
 }
 
-fn fmt_cpu(cpu: &BTreeMap<String, f64>) -> String {
-    let parts: Vec<String> = cpu
-        .iter()
-        .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
-        .collect();
-    format!(
-        "{:.0}% [{}]",
-        cpu.values().sum::<f64>() * 100.0,
-        parts.join(", ")
-    )
-}
-
 pub fn label(r: &DrainResult) -> String {
     format!("{} x{}", r.store, r.instances)
 }
 
-pub fn print_table(s: &Settings, results: &[DrainResult]) {
-    println!(
-        "drain: {} events, body {} B, no-op handlers; single/sequential concurrency {}, sequential over {} keys, batch max_size {} max_wait {} concurrency {}",
-        s.events,
+/// The settings line shared by every drain printout (after the counts).
+fn describe(s: &Settings) -> String {
+    format!(
+        "body {} B, no-op handlers; single/sequential concurrency {}, sequential over {} keys, batch max_size {} max_wait {} concurrency {}",
         s.body_size,
         s.concurrency,
         s.keys,
         s.batch_size,
         mailroom::duration::format(s.batch_wait),
         s.batch_concurrency,
-    );
+    )
+}
+
+/// `1.23x`, or `-` where there is no figure.
+fn times(ratio: Option<f64>) -> String {
+    ratio
+        .map(|x| format!("{x:.2}x"))
+        .unwrap_or_else(|| "-".into())
+}
+
+pub fn print_table(s: &Settings, results: &[DrainResult]) {
+    println!("drain: {} events, {}", s.events, describe(s));
     println!(
         "{:<11} {:<12} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8}",
         "mode",
@@ -418,9 +469,6 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
         "pg cpu",
     );
     for r in results {
-        let ratio = ratio_vs_single(results, r)
-            .map(|x| format!("{x:.2}x"))
-            .unwrap_or_else(|| "-".into());
         println!(
             "{:<11} {:<12} {:>9.0} {:>9.2} {:>9.0} {:>8} {:>7} {:>8.1} {:>8} {:>8} {:>9} {:>7.0}% {:>8}",
             r.mode.name(),
@@ -428,7 +476,7 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
             r.preload_inserts_per_sec,
             r.drain_secs,
             r.events_per_sec,
-            ratio,
+            times(ratio_vs_single(results, r)),
             r.calls.claims,
             r.calls.claim_size(),
             r.calls.empty_claims,
@@ -443,38 +491,43 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
         );
     }
     for r in results {
-        let tag = format!("{} {}", r.mode.name(), label(r));
-        println!(
-            "  {tag}: preload {:.2} s ({} insert commits, {:.1}/commit); drain {} commits ({:.1} events/commit), {:.1} KiB/commit to disk here",
-            r.preload_secs,
-            r.preload_commits,
-            r.events as f64 / r.preload_commits.max(1) as f64,
-            r.drain_commits,
-            r.events as f64 / r.drain_commits.max(1) as f64,
-            r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
-        );
-        println!(
-            "  {tag}: claims {:.2} ms each on average (longest {:.1} ms), in claim calls {:.0}% of the drain per instance",
-            r.calls.claim_ms(),
-            r.calls.claim_max_micros as f64 / 1000.0,
-            r.calls.claim_micros as f64 / 1e6 / r.drain_secs / r.instances.max(1) as f64 * 100.0,
-        );
-        println!("  {tag}: cpu mailroom {}", fmt_cpu(&r.cpu));
-        if !r.pg_cpu.is_empty() {
-            println!("  {tag}: cpu postgres {}", fmt_cpu(&r.pg_cpu));
-        }
-        println!(
-            "  {tag}: RSS peak {:.1} MiB, VmHWM {:.1} MiB; done {} / handled {} {:?}; completions {} ({} complete_many calls), store errors {}",
-            r.drain_peak_rss_mib,
-            r.hwm_mib,
-            r.done,
-            r.handled,
-            r.handled_per_instance,
-            r.calls.completes,
-            r.calls.complete_many,
-            r.calls.errors,
-        );
+        print_details(r);
     }
+}
+
+/// A result's commits, claim times, CPU and memory, a line each.
+fn print_details(r: &DrainResult) {
+    let tag = format!("{} {}", r.mode.name(), label(r));
+    println!(
+        "  {tag}: preload {:.2} s ({} insert commits, {:.1}/commit); drain {} commits ({:.1} events/commit), {:.1} KiB/commit to disk here",
+        r.preload_secs,
+        r.preload_commits,
+        r.events as f64 / r.preload_commits.max(1) as f64,
+        r.drain_commits,
+        r.events as f64 / r.drain_commits.max(1) as f64,
+        r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
+    );
+    println!(
+        "  {tag}: claims {:.2} ms each on average (longest {:.1} ms), in claim calls {:.0}% of the drain per instance",
+        r.calls.claim_ms(),
+        r.calls.claim_max_micros as f64 / 1000.0,
+        r.calls.claim_micros as f64 / 1e6 / r.drain_secs / r.instances.max(1) as f64 * 100.0,
+    );
+    println!("  {tag}: cpu mailroom {}", fmt_cpu(&r.cpu));
+    if !r.pg_cpu.is_empty() {
+        println!("  {tag}: cpu postgres {}", fmt_cpu(&r.pg_cpu));
+    }
+    println!(
+        "  {tag}: RSS peak {:.1} MiB, VmHWM {:.1} MiB; done {} / handled {} {:?}; completions {} ({} complete_many calls), store errors {}",
+        r.drain_peak_rss_mib,
+        r.hwm_mib,
+        r.done,
+        r.handled,
+        r.handled_per_instance,
+        r.calls.completes,
+        r.calls.complete_many,
+        r.calls.errors,
+    );
 }
 
 /// The median of `xs` (the mean of the middle two for an even count).
@@ -526,15 +579,10 @@ pub fn medians(rounds: &[Vec<DrainResult>]) -> Vec<MedianResult> {
 /// Each round's figures on a line per mode, then the medians.
 pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
     println!(
-        "drain: {} rounds of {} events each, body {} B, no-op handlers; single/sequential concurrency {}, sequential over {} keys, batch max_size {} max_wait {} concurrency {}",
+        "drain: {} rounds of {} events each, {}",
         rounds.len(),
         s.events,
-        s.body_size,
-        s.concurrency,
-        s.keys,
-        s.batch_size,
-        mailroom::duration::format(s.batch_wait),
-        s.batch_concurrency,
+        describe(s)
     );
     println!(
         "{:<6} {:<11} {:<12} {:>9} {:>9} {:>9} {:>8}",
@@ -542,9 +590,6 @@ pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
     );
     for (i, round) in rounds.iter().enumerate() {
         for r in round {
-            let ratio = ratio_vs_single(round, r)
-                .map(|x| format!("{x:.2}x"))
-                .unwrap_or_else(|| "-".into());
             println!(
                 "{:<6} {:<11} {:<12} {:>9.2} {:>9.0} {:>9} {:>7.0}%",
                 i + 1,
@@ -552,7 +597,7 @@ pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
                 label(r),
                 r.drain_secs,
                 r.events_per_sec,
-                ratio,
+                times(ratio_vs_single(round, r)),
                 r.cpu.values().sum::<f64>() * 100.0,
             );
         }

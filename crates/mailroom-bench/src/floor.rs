@@ -86,6 +86,39 @@ fn now_ms() -> i64 {
 }
 
 fn drain(path: &str, events: u64, max_size: u32, body: &[u8]) -> anyhow::Result<FloorResult> {
+    let conn = open(path)?;
+    preload(&conn, events, body)?;
+    let started = Instant::now();
+    let (mut drained, mut commits) = (0u64, 0u64);
+    loop {
+        let now = now_ms();
+        let rows = claim(&conn, now, max_size)?;
+        commits += 1;
+        if rows.is_empty() {
+            break;
+        }
+        let done = complete(&conn, &rows)?;
+        commits += 1;
+        anyhow::ensure!(
+            done == rows.len(),
+            "completed {done} of {} claimed",
+            rows.len()
+        );
+        drained += done as u64;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(drained == events, "drained {drained} of {events}");
+    Ok(FloorResult {
+        events,
+        max_size,
+        secs,
+        events_per_sec: events as f64 / secs,
+        commits,
+    })
+}
+
+/// The store's file with the store's pragmas (WAL, `synchronous = FULL`).
+fn open(path: &str) -> anyhow::Result<Connection> {
     let conn = Connection::open(path).context("opening the SQLite file")?;
     conn.busy_timeout(Duration::from_secs(10))?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -97,9 +130,12 @@ fn drain(path: &str, events: u64, max_size: u32, body: &[u8]) -> anyhow::Result<
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
     )?;
+    Ok(conn)
+}
 
-    // Preload, 500 rows per transaction; ids sort in arrival order, as
-    // UUIDv7s do.
+/// `events` pending events, 500 rows per transaction; ids sort in arrival
+/// order, as UUIDv7s do.
+fn preload(conn: &Connection, events: u64, body: &[u8]) -> anyhow::Result<()> {
     let received = now_ms();
     let mut inserted = 0u64;
     while inserted < events {
@@ -118,78 +154,64 @@ fn drain(path: &str, events: u64, max_size: u32, body: &[u8]) -> anyhow::Result<
         }
         tx.commit()?;
     }
+    Ok(())
+}
 
-    let started = Instant::now();
-    let (mut drained, mut commits) = (0u64, 0u64);
-    loop {
-        let now = now_ms();
-        let tx = conn.unchecked_transaction()?;
-        let mut rows = Vec::with_capacity(max_size as usize);
-        {
-            let mut claim = tx.prepare_cached(CLAIM)?;
-            let mut cursor = claim.query((now + 30_000, now, i64::from(max_size)))?;
-            while let Some(r) = cursor.next()? {
-                let text = |i: usize| r.get::<_, Option<String>>(i);
-                let num = |i: usize| r.get::<_, Option<i64>>(i);
-                rows.push(Row {
-                    seq: r.get(0)?,
-                    texts: [
-                        text(1)?,
-                        text(2)?,
-                        text(3)?,
-                        text(4)?,
-                        text(5)?,
-                        text(6)?,
-                        text(7)?,
-                        text(14)?,
-                        text(15)?,
-                        text(16)?,
-                        text(17)?,
-                        text(19)?,
-                    ],
-                    numbers: [num(8)?, num(9)?, num(10)?, num(11)?, num(12)?, num(13)?],
-                    payload: r.get(18)?,
-                });
-            }
+/// Step 1: up to `max_size` events claimed and read into owned rows, committed.
+fn claim(conn: &Connection, now: i64, max_size: u32) -> anyhow::Result<Vec<Row>> {
+    let tx = conn.unchecked_transaction()?;
+    let mut rows = Vec::with_capacity(max_size as usize);
+    {
+        let mut claim = tx.prepare_cached(CLAIM)?;
+        let mut cursor = claim.query((now + 30_000, now, i64::from(max_size)))?;
+        while let Some(r) = cursor.next()? {
+            let text = |i: usize| r.get::<_, Option<String>>(i);
+            let num = |i: usize| r.get::<_, Option<i64>>(i);
+            rows.push(Row {
+                seq: r.get(0)?,
+                texts: [
+                    text(1)?,
+                    text(2)?,
+                    text(3)?,
+                    text(4)?,
+                    text(5)?,
+                    text(6)?,
+                    text(7)?,
+                    text(14)?,
+                    text(15)?,
+                    text(16)?,
+                    text(17)?,
+                    text(19)?,
+                ],
+                numbers: [num(8)?, num(9)?, num(10)?, num(11)?, num(12)?, num(13)?],
+                payload: r.get(18)?,
+            });
         }
-        tx.commit()?;
-        commits += 1;
-        if rows.is_empty() {
-            break;
-        }
-        let lo = rows.iter().map(|r| r.seq).min().unwrap_or(0);
-        let hi = rows.iter().map(|r| r.seq).max().unwrap_or(0);
-        let tx = conn.unchecked_transaction()?;
-        tx.prepare_cached(
-            "INSERT INTO attempts (event_seq, attempt, started_at, finished_at, outcome, worker)
-             SELECT seq, attempts, started_at, ?3, 'done', worker FROM events
+    }
+    tx.commit()?;
+    Ok(rows)
+}
+
+/// Step 2: the claimed rows' history and status by `seq` range, committed;
+/// how many were recorded done.
+fn complete(conn: &Connection, rows: &[Row]) -> anyhow::Result<usize> {
+    let lo = rows.iter().map(|r| r.seq).min().unwrap_or(0);
+    let hi = rows.iter().map(|r| r.seq).max().unwrap_or(0);
+    let tx = conn.unchecked_transaction()?;
+    tx.prepare_cached(
+        "INSERT INTO attempts (event_seq, attempt, started_at, finished_at, outcome, worker)
+         SELECT seq, attempts, started_at, ?3, 'done', worker FROM events
+         WHERE seq BETWEEN ?1 AND ?2 AND status = 'running'",
+    )?
+    .execute((lo, hi, now_ms()))?;
+    let done = tx
+        .prepare_cached(
+            "UPDATE events SET status = 'done', lease_until = NULL
              WHERE seq BETWEEN ?1 AND ?2 AND status = 'running'",
         )?
-        .execute((lo, hi, now_ms()))?;
-        let done = tx
-            .prepare_cached(
-                "UPDATE events SET status = 'done', lease_until = NULL
-                 WHERE seq BETWEEN ?1 AND ?2 AND status = 'running'",
-            )?
-            .execute((lo, hi))?;
-        tx.commit()?;
-        commits += 1;
-        anyhow::ensure!(
-            done == rows.len(),
-            "completed {done} of {} claimed",
-            rows.len()
-        );
-        drained += done as u64;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    anyhow::ensure!(drained == events, "drained {drained} of {events}");
-    Ok(FloorResult {
-        events,
-        max_size,
-        secs,
-        events_per_sec: events as f64 / secs,
-        commits,
-    })
+        .execute((lo, hi))?;
+    tx.commit()?;
+    Ok(done)
 }
 
 /// One round: the engine's drains and the raw loop, one after the other.

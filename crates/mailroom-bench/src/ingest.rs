@@ -5,7 +5,7 @@
 
 use crate::backend::{Backend, Fresh, ServerStats, postgres_cpu};
 use crate::procfs;
-use crate::stats::{Latencies, fmt_ms};
+use crate::stats::{Latencies, fmt_cpu, fmt_ms};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -160,6 +160,21 @@ impl TaskStats {
     fn error(&mut self, what: impl Into<String>) {
         *self.errors.entry(what.into()).or_default() += 1;
     }
+
+    /// An answer to a request sent at `started` and answered at `ended`: an
+    /// ack counts in the window (with its latency) only if the request lay
+    /// wholly inside it.
+    fn answer(&mut self, duplicate: bool, (started, ended): (Instant, Instant), window: Window) {
+        if duplicate {
+            self.duplicates += 1;
+            return;
+        }
+        self.acked_total += 1;
+        if window.contains(started, ended) {
+            self.acked += 1;
+            self.lat.record(ended - started);
+        }
+    }
 }
 
 /// The clock of a run.
@@ -234,29 +249,13 @@ async fn http_task(addr: SocketAddr, tag: String, payload: Bytes, window: Window
             }
         };
         let started = Instant::now();
-        let answer = async {
-            s.ready().await?;
-            let resp = s.send_request(req).await?;
-            let status = resp.status();
-            let body = resp.into_body().collect().await?.to_bytes();
-            anyhow::Ok((status, body))
-        }
-        .await;
-        let ended = Instant::now();
+        let answer = send(s, req).await;
+        let span = (started, Instant::now());
         match answer {
-            Ok((status, body)) if status == http::StatusCode::OK => {
-                match serde_json::from_slice::<Ack>(&body) {
-                    Ok(Ack { duplicate: false }) => {
-                        st.acked_total += 1;
-                        if window.contains(started, ended) {
-                            st.acked += 1;
-                            st.lat.record(ended - started);
-                        }
-                    }
-                    Ok(Ack { duplicate: true }) => st.duplicates += 1,
-                    Err(_) => st.error("200 with an unexpected body"),
-                }
-            }
+            Ok((http::StatusCode::OK, body)) => match serde_json::from_slice::<Ack>(&body) {
+                Ok(Ack { duplicate }) => st.answer(duplicate, span, window),
+                Err(_) => st.error("200 with an unexpected body"),
+            },
             Ok((status, _)) => st.error(format!("HTTP {}", status.as_u16())),
             Err(e) => {
                 st.error(format!("transport: {e}"));
@@ -265,6 +264,18 @@ async fn http_task(addr: SocketAddr, tag: String, payload: Bytes, window: Window
         }
     }
     st
+}
+
+/// One request on a ready connection: the answer's status and whole body.
+async fn send(
+    s: &mut Sender,
+    req: http::Request<Full<Bytes>>,
+) -> anyhow::Result<(http::StatusCode, Bytes)> {
+    s.ready().await?;
+    let resp = s.send_request(req).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, body))
 }
 
 /// CPU readings at the window's edges.
@@ -398,13 +409,7 @@ async fn run_http(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::Re
     }
     let pids: Vec<String> = children.iter().map(|c| c.pid.clone()).collect();
     let addrs: Vec<SocketAddr> = children.iter().map(|c| c.addr).collect();
-
-    let stop_rss = CancellationToken::new();
-    let rss: Vec<_> = pids
-        .iter()
-        .map(|pid| tokio::spawn(procfs::sample_rss(pid.clone(), stop_rss.clone())))
-        .collect();
-
+    let rss = RssSampler::start(&pids);
     let window = Window::new(s.warmup, s.duration);
     let payload = body(s.body_size);
     let tag = mode_name(group_commit);
@@ -423,11 +428,7 @@ async fn run_http(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::Re
     while let Some(t) = tasks.join_next().await {
         total.merge(t?);
     }
-    stop_rss.cancel();
-    let mut peak = 0;
-    for r in rss {
-        peak = peak.max(r.await?.sampled_max);
-    }
+    let peak = rss.stop().await?;
     let hwm = pids
         .iter()
         .filter_map(|pid| procfs::status_bytes(pid, "VmHWM"))
@@ -437,34 +438,40 @@ async fn run_http(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::Re
         .iter()
         .map(|pid| Io::read(pid))
         .fold(Io::default(), Io::add);
-
     // Stop mailroom gracefully and collect the commit counts.
     let mut commits = 0;
     for c in children {
         commits += c.stop().await?;
     }
-    // Exited backends have reported their counters.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let server_commits = match (server_before, fresh.server_stats().await) {
-        (Some(b), Some(a)) => Some(ServerStats::since(a, b).xact_commit),
-        _ => None,
-    };
+    let counts = Counts::read(fresh, server_before, commits, io).await?;
+    Ok(finish(s, group_commit, total, counts, peak, hwm, cpu))
+}
 
-    let stored = crate::backend::count_events(&fresh.url, SOURCE).await?;
-    Ok(finish(
-        s,
-        group_commit,
-        total,
-        Counts {
-            stored,
-            commits,
-            server_commits,
-            io,
-        },
-        peak,
-        hwm,
-        cpu,
-    ))
+/// The highest VmRSS of some processes, sampled until stopped.
+struct RssSampler {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<procfs::RssPeak>>,
+}
+
+impl RssSampler {
+    fn start(pids: &[String]) -> Self {
+        let stop = CancellationToken::new();
+        let tasks = pids
+            .iter()
+            .map(|pid| tokio::spawn(procfs::sample_rss(pid.clone(), stop.clone())))
+            .collect();
+        Self { stop, tasks }
+    }
+
+    /// The largest peak of any of the processes, in bytes.
+    async fn stop(self) -> anyhow::Result<u64> {
+        self.stop.cancel();
+        let mut peak = 0;
+        for t in self.tasks {
+            peak = peak.max(t.await?.sampled_max);
+        }
+        Ok(peak)
+    }
 }
 
 /// In-process intake without HTTP: the same engine path
@@ -477,55 +484,14 @@ async fn run_direct(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::
     let engine = Engine::builder(store)
         .accept_undeclared_sources(true)
         .build()?;
-
-    let stop_rss = CancellationToken::new();
-    let rss = tokio::spawn(procfs::sample_rss("self".into(), stop_rss.clone()));
+    let rss = RssSampler::start(&["self".into()]);
     let window = Window::new(s.warmup, s.duration);
     let payload = body(s.body_size);
     let tag = mode_name(group_commit);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..s.concurrency {
-        let engine = engine.clone();
-        let payload = payload.clone();
         let tag = format!("direct-{tag}-{i}");
-        tasks.spawn(async move {
-            let mut st = TaskStats::default();
-            let mut n = 0u64;
-            while Instant::now() < window.to {
-                n += 1;
-                let mut headers = http::HeaderMap::new();
-                headers.insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                match http::HeaderValue::try_from(format!("{tag}-{n}")) {
-                    Ok(v) => {
-                        headers.insert("webhook-id", v);
-                    }
-                    Err(e) => {
-                        st.error(format!("header: {e}"));
-                        break;
-                    }
-                }
-                let started = Instant::now();
-                let r = engine
-                    .ingest_webhook(SOURCE, &headers, payload.clone())
-                    .await;
-                let ended = Instant::now();
-                match r {
-                    Ok(i) if !i.duplicate => {
-                        st.acked_total += 1;
-                        if window.contains(started, ended) {
-                            st.acked += 1;
-                            st.lat.record(ended - started);
-                        }
-                    }
-                    Ok(_) => st.duplicates += 1,
-                    Err(e) => st.error(e.to_string()),
-                }
-            }
-            st
-        });
+        tasks.spawn(direct_task(engine.clone(), tag, payload.clone(), window));
     }
     let probe = CpuProbe::at_window_start(vec!["self".into()], window).await;
     let mut cpu = probe.at_window_end(window).await;
@@ -534,34 +500,47 @@ async fn run_direct(s: &Settings, group_commit: bool, fresh: &Fresh) -> anyhow::
     while let Some(t) = tasks.join_next().await {
         total.merge(t?);
     }
-    stop_rss.cancel();
-    let peak = rss.await?;
+    let peak = rss.stop().await?;
     let hwm = procfs::status_bytes("self", "VmHWM").unwrap_or(0);
     let io = Io::read("self");
     let commits = opened.commits();
     drop(engine);
     opened.close().await;
     drop(opened);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let server_commits = match (server_before, fresh.server_stats().await) {
-        (Some(b), Some(a)) => Some(ServerStats::since(a, b).xact_commit),
-        _ => None,
-    };
-    let stored = crate::backend::count_events(&fresh.url, SOURCE).await?;
-    Ok(finish(
-        s,
-        group_commit,
-        total,
-        Counts {
-            stored,
-            commits,
-            server_commits,
-            io,
-        },
-        peak.sampled_max,
-        hwm,
-        cpu,
-    ))
+    let counts = Counts::read(fresh, server_before, commits, io).await?;
+    Ok(finish(s, group_commit, total, counts, peak, hwm, cpu))
+}
+
+/// One in-process caller of `ingest_webhook`, calls back to back.
+async fn direct_task(engine: Engine, tag: String, payload: Bytes, window: Window) -> TaskStats {
+    let mut st = TaskStats::default();
+    let mut n = 0u64;
+    while Instant::now() < window.to {
+        n += 1;
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        match http::HeaderValue::try_from(format!("{tag}-{n}")) {
+            Ok(v) => {
+                headers.insert("webhook-id", v);
+            }
+            Err(e) => {
+                st.error(format!("header: {e}"));
+                break;
+            }
+        }
+        let started = Instant::now();
+        let answer = engine
+            .ingest_webhook(SOURCE, &headers, payload.clone())
+            .await;
+        match answer {
+            Ok(i) => st.answer(i.duplicate, (started, Instant::now()), window),
+            Err(e) => st.error(e.to_string()),
+        }
+    }
+    st
 }
 
 /// I/O counters of a process so far.
@@ -593,6 +572,31 @@ struct Counts {
     commits: u64,
     server_commits: Option<u64>,
     io: Io,
+}
+
+impl Counts {
+    /// Once mailroom has closed its store (exited backends report their
+    /// counters after a moment): the server's commits since
+    /// `server_before`, and the events stored.
+    async fn read(
+        fresh: &Fresh,
+        server_before: Option<ServerStats>,
+        commits: u64,
+        io: Io,
+    ) -> anyhow::Result<Self> {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let server_commits = match (server_before, fresh.server_stats().await) {
+            (Some(b), Some(a)) => Some(ServerStats::since(a, b).xact_commit),
+            _ => None,
+        };
+        let stored = crate::backend::count_events(&fresh.url, SOURCE).await?;
+        Ok(Counts {
+            stored,
+            commits,
+            server_commits,
+            io,
+        })
+    }
 }
 
 fn finish(
@@ -691,73 +695,66 @@ pub fn print_table(s: &Settings, results: &[ModeResult]) {
         );
     }
     for r in results {
-        let cpu: Vec<String> = r
-            .mailroom_cpu
-            .iter()
-            .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
-            .collect();
-        let total: f64 = r.mailroom_cpu.values().sum();
-        if s.direct {
-            println!(
-                "  cpu {:<19} whole process {:.0}% [{}]",
-                r.mode,
-                total * 100.0,
-                cpu.join(", ")
-            );
-        } else {
-            println!(
-                "  cpu {:<19} mailroom {:.0}% [{}]; load generator {:.0}%",
-                r.mode,
-                total * 100.0,
-                cpu.join(", "),
-                r.loadgen_cpu * 100.0
-            );
-        }
-        if !r.pg_cpu.is_empty() {
-            let parts: Vec<String> = r
-                .pg_cpu
-                .iter()
-                .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
-                .collect();
-            println!(
-                "  cpu {:<19} postgres {:.0}% [{}]",
-                r.mode,
-                r.pg_cpu.values().sum::<f64>() * 100.0,
-                parts.join(", ")
-            );
-        }
-        if let Some(c) = r.server_commits {
-            println!(
-                "  {}: postgres committed {c} transactions in the run ({:.1} acks each; insert commits of mailroom's writers {})",
-                r.mode,
-                r.acked_total as f64 / c.max(1) as f64,
-                r.commits,
-            );
-        }
-        if r.duplicates > 0 || !r.errors.is_empty() {
-            println!(
-                "  {}: duplicates {}, errors {:?}",
-                r.mode, r.duplicates, r.errors
-            );
-        }
-        println!(
-            "  {}: {:.1} KiB written to disk per commit ({:.1} MiB in all; {:.1} MiB passed to write calls)",
-            r.mode,
-            r.write_bytes as f64 / 1024.0 / r.commits.max(1) as f64,
-            procfs::mib(r.write_bytes),
-            procfs::mib(r.wchar),
-        );
-        println!(
-            "  {}: durability {} ({} acked in total, {} stored)",
-            r.mode,
-            if r.durable() { "OK" } else { "MISMATCH" },
-            r.acked_total,
-            r.stored
-        );
+        print_cpu(s, r);
+        print_details(r);
     }
     if let Some(ratio) = ratio(results) {
         println!("ratio group-commit / commit-per-request: {ratio:.2}x");
     }
+}
+
+/// Where a mode's CPU went: mailroom (the whole process with `--direct`),
+/// the load generator, PostgreSQL.
+fn print_cpu(s: &Settings, r: &ModeResult) {
+    if s.direct {
+        println!(
+            "  cpu {:<19} whole process {}",
+            r.mode,
+            fmt_cpu(&r.mailroom_cpu)
+        );
+    } else {
+        println!(
+            "  cpu {:<19} mailroom {}; load generator {:.0}%",
+            r.mode,
+            fmt_cpu(&r.mailroom_cpu),
+            r.loadgen_cpu * 100.0
+        );
+    }
+    if !r.pg_cpu.is_empty() {
+        println!("  cpu {:<19} postgres {}", r.mode, fmt_cpu(&r.pg_cpu));
+    }
+}
+
+/// A mode's commits, errors, disk writes and durability, a line each.
+fn print_details(r: &ModeResult) {
+    if let Some(c) = r.server_commits {
+        println!(
+            "  {}: postgres committed {c} transactions in the run ({:.1} acks each; insert commits of mailroom's writers {})",
+            r.mode,
+            r.acked_total as f64 / c.max(1) as f64,
+            r.commits,
+        );
+    }
+    if r.duplicates > 0 || !r.errors.is_empty() {
+        println!(
+            "  {}: duplicates {}, errors {:?}",
+            r.mode, r.duplicates, r.errors
+        );
+    }
+    println!(
+        "  {}: {:.1} KiB written to disk per commit ({:.1} MiB in all; {:.1} MiB passed to write calls)",
+        r.mode,
+        r.write_bytes as f64 / 1024.0 / r.commits.max(1) as f64,
+        procfs::mib(r.write_bytes),
+        procfs::mib(r.wchar),
+    );
+    println!(
+        "  {}: durability {} ({} acked in total, {} stored)",
+        r.mode,
+        if r.durable() { "OK" } else { "MISMATCH" },
+        r.acked_total,
+        r.stored
+    );
 }
 
 /// acks/s with group commit over acks/s with one commit per request.

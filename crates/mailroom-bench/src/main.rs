@@ -277,108 +277,123 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             serve::run(&a.store, &a.listen, a.group_commit, !a.no_metrics).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Ingest(a) => {
-            let settings = ingest::Settings {
-                concurrency: a.concurrency.max(1),
-                duration: a.duration,
-                warmup: a.warmup,
-                body_size: a.body_size,
-                direct: a.direct,
-                no_metrics: a.no_metrics,
-                backend: a.store,
-                instances: a.instances.max(1),
-            };
-            let results = ingest::run(&settings, a.only).await?;
-            if a.json {
-                let out = serde_json::json!({
-                    "bench": "ingest",
-                    "concurrency": settings.concurrency,
-                    "duration_secs": settings.duration.as_secs_f64(),
-                    "body_size": settings.body_size,
-                    "direct": settings.direct,
-                    "store": settings.backend.name(),
-                    "instances": settings.instances,
-                    "metrics": !settings.no_metrics,
-                    "modes": results,
-                    "ratio": ingest::ratio(&results),
-                });
-                println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
-            } else {
-                ingest::print_table(&settings, &results);
-            }
-            if results.iter().all(ingest::ModeResult::durable) {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!("mailroom-bench: stored events do not match the acknowledged ones");
-                Ok(ExitCode::from(2))
-            }
-        }
-        Command::Drain(a) => {
-            let settings = a.drain.settings();
-            let mut rounds = Vec::new();
-            for _ in 0..a.rounds.max(1) {
-                let mut round = Vec::new();
-                for mode in &a.modes {
-                    round.push(drain::run(&settings, *mode, &a.store, a.instances).await?);
-                }
-                rounds.push(round);
-            }
-            if rounds.len() > 1 {
-                if a.json {
-                    let out = serde_json::json!({
-                        "bench": "drain",
-                        "rounds": rounds,
-                        "median": drain::medians(&rounds),
-                    });
-                    println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
-                } else {
-                    drain::print_rounds(&settings, &rounds);
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            let results = rounds.remove(0);
-            if a.json {
-                let ratios: Vec<Option<f64>> = results
-                    .iter()
-                    .map(|r| drain::ratio_vs_single(&results, r))
-                    .collect();
-                let out = serde_json::json!({
-                    "bench": "drain",
-                    "concurrency": settings.concurrency,
-                    "keys": settings.keys,
-                    "batch_size": settings.batch_size,
-                    "batch_wait_secs": settings.batch_wait.as_secs_f64(),
-                    "modes": results,
-                    "ratio_vs_single": ratios,
-                });
-                println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
-            } else {
-                drain::print_table(&settings, &results);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Ingest(a) => run_ingest(a).await,
+        Command::Drain(a) => run_drain(a).await,
         Command::Pg(a) => pg::run(a).await,
-        Command::Floor(a) => {
-            let settings = a.drain.settings();
-            let mut rounds = Vec::new();
-            for _ in 0..a.rounds.max(1) {
-                let single = drain::run(&settings, DrainMode::Single, &Backend::Sqlite, 1).await?;
-                let batch = drain::run(&settings, DrainMode::Batch, &Backend::Sqlite, 1).await?;
-                let raw =
-                    floor::run(settings.events, settings.batch_size, settings.body_size).await?;
-                rounds.push(floor::Round { single, batch, raw });
-            }
-            if a.json {
-                let out = serde_json::json!({
-                    "bench": "floor",
-                    "rounds": rounds,
-                    "median": floor::medians(&rounds),
-                });
-                println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
-            } else {
-                floor::print(&settings, &rounds);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Floor(a) => run_floor(a).await,
     }
+}
+
+/// Prints one JSON object on one line (the `--json` output of every bench).
+fn print_json(out: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(out).context("encoding JSON")?);
+    Ok(())
+}
+
+/// Success, or 2 (after saying so) when intake acknowledged events that
+/// were not stored as acknowledged.
+fn durability_code(durable: bool) -> ExitCode {
+    if durable {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("mailroom-bench: stored events do not match the acknowledged ones");
+        ExitCode::from(2)
+    }
+}
+
+async fn run_ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {
+    let settings = ingest::Settings {
+        concurrency: a.concurrency.max(1),
+        duration: a.duration,
+        warmup: a.warmup,
+        body_size: a.body_size,
+        direct: a.direct,
+        no_metrics: a.no_metrics,
+        backend: a.store,
+        instances: a.instances.max(1),
+    };
+    let results = ingest::run(&settings, a.only).await?;
+    if a.json {
+        print_json(&serde_json::json!({
+            "bench": "ingest",
+            "concurrency": settings.concurrency,
+            "duration_secs": settings.duration.as_secs_f64(),
+            "body_size": settings.body_size,
+            "direct": settings.direct,
+            "store": settings.backend.name(),
+            "instances": settings.instances,
+            "metrics": !settings.no_metrics,
+            "modes": results,
+            "ratio": ingest::ratio(&results),
+        }))?;
+    } else {
+        ingest::print_table(&settings, &results);
+    }
+    Ok(durability_code(
+        results.iter().all(ingest::ModeResult::durable),
+    ))
+}
+
+async fn run_drain(a: DrainArgs) -> anyhow::Result<ExitCode> {
+    let settings = a.drain.settings();
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let mut round = Vec::new();
+        for mode in &a.modes {
+            round.push(drain::run(&settings, *mode, &a.store, a.instances).await?);
+        }
+        rounds.push(round);
+    }
+    if rounds.len() > 1 {
+        if a.json {
+            print_json(&serde_json::json!({
+                "bench": "drain",
+                "rounds": rounds,
+                "median": drain::medians(&rounds),
+            }))?;
+        } else {
+            drain::print_rounds(&settings, &rounds);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let results = rounds.remove(0);
+    if a.json {
+        let ratios: Vec<Option<f64>> = results
+            .iter()
+            .map(|r| drain::ratio_vs_single(&results, r))
+            .collect();
+        print_json(&serde_json::json!({
+            "bench": "drain",
+            "concurrency": settings.concurrency,
+            "keys": settings.keys,
+            "batch_size": settings.batch_size,
+            "batch_wait_secs": settings.batch_wait.as_secs_f64(),
+            "modes": results,
+            "ratio_vs_single": ratios,
+        }))?;
+    } else {
+        drain::print_table(&settings, &results);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_floor(a: FloorArgs) -> anyhow::Result<ExitCode> {
+    let settings = a.drain.settings();
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let single = drain::run(&settings, DrainMode::Single, &Backend::Sqlite, 1).await?;
+        let batch = drain::run(&settings, DrainMode::Batch, &Backend::Sqlite, 1).await?;
+        let raw = floor::run(settings.events, settings.batch_size, settings.body_size).await?;
+        rounds.push(floor::Round { single, batch, raw });
+    }
+    if a.json {
+        print_json(&serde_json::json!({
+            "bench": "floor",
+            "rounds": rounds,
+            "median": floor::medians(&rounds),
+        }))?;
+    } else {
+        floor::print(&settings, &rounds);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -6,8 +6,9 @@
 //! highest ratio reachable here (xN / x1).
 
 use crate::backend::{self, Backend};
-use crate::{PgArgs, drain, ingest};
-use anyhow::Context;
+use crate::drain::{self, DrainResult};
+use crate::ingest::{self, ModeResult};
+use crate::{PgArgs, durability_code, print_json};
 use std::process::ExitCode;
 
 pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
@@ -20,184 +21,249 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
         (a.store.clone(), 1),
         (a.store.clone(), 2),
     ];
-    let ceiling = a.ceiling.map(usize::from);
     if !a.json {
         println!(
             "pg: PostgreSQL {version} at {}; each target on a fresh store",
             backend::redact(admin_url)
         );
     }
+    let (ingests, durable) = if a.no_ingest {
+        (Vec::new(), true)
+    } else {
+        ingest_targets(&a, &targets).await?
+    };
+    let settings = a.drain.settings();
+    let rounds = if a.no_drain {
+        Vec::new()
+    } else {
+        drain_rounds(&a, &settings, &targets).await?
+    };
+    let summary = Summary {
+        ingests,
+        rounds,
+        ceiling: a.ceiling.map(usize::from),
+    };
+    if a.json {
+        print_json(&summary.json(&version))?;
+    } else {
+        summary.print(&a, &settings);
+    }
+    Ok(durability_code(durable))
+}
 
+/// Intake on each target, printed as it goes unless `--json`; whether every
+/// acknowledged event was stored.
+async fn ingest_targets(
+    a: &PgArgs,
+    targets: &[(Backend, usize)],
+) -> anyhow::Result<(Vec<ModeResult>, bool)> {
     let mut ingests = Vec::new();
     let mut durable = true;
-    if !a.no_ingest {
-        for (b, n) in &targets {
-            let s = ingest::Settings {
-                concurrency: a.ingest_concurrency.max(1),
-                duration: a.duration,
-                warmup: a.warmup,
-                body_size: a.drain.body_size,
-                direct: false,
-                no_metrics: false,
-                backend: b.clone(),
-                instances: *n,
-            };
-            let r = ingest::run(&s, Some(true)).await?;
-            if !a.json {
-                ingest::print_table(&s, &r);
-                println!();
-            }
-            durable &= r.iter().all(ingest::ModeResult::durable);
-            ingests.extend(r);
+    for (b, n) in targets {
+        let s = ingest::Settings {
+            concurrency: a.ingest_concurrency.max(1),
+            duration: a.duration,
+            warmup: a.warmup,
+            body_size: a.drain.body_size,
+            direct: false,
+            no_metrics: false,
+            backend: b.clone(),
+            instances: *n,
+        };
+        let r = ingest::run(&s, Some(true)).await?;
+        if !a.json {
+            ingest::print_table(&s, &r);
+            println!();
         }
+        durable &= r.iter().all(ModeResult::durable);
+        ingests.extend(r);
     }
+    Ok((ingests, durable))
+}
 
-    let settings = a.drain.settings();
-    let mut rounds: Vec<Vec<drain::DrainResult>> = Vec::new();
-    if !a.no_drain {
-        for round in 0..a.rounds.max(1) {
-            let mut drains = Vec::new();
-            for (b, n) in &targets {
-                drains.push(drain::run(&settings, a.mode, b, *n).await?);
-            }
-            if let Some(n) = ceiling {
-                drains.push(drain::run(&settings, a.mode, &a.store, n).await?);
-            }
-            if !a.json {
-                if a.rounds > 1 {
-                    println!("round {} of {}:", round + 1, a.rounds);
-                }
-                drain::print_table(&settings, &drains);
-                println!();
-            }
-            rounds.push(drains);
+/// `--rounds` drain rounds over every target (and the ceiling's N
+/// instances), each printed as it ends unless `--json`.
+async fn drain_rounds(
+    a: &PgArgs,
+    settings: &drain::Settings,
+    targets: &[(Backend, usize)],
+) -> anyhow::Result<Vec<Vec<DrainResult>>> {
+    let mut rounds = Vec::new();
+    for round in 0..a.rounds.max(1) {
+        let mut drains = Vec::new();
+        for (b, n) in targets {
+            drains.push(drain::run(settings, a.mode, b, *n).await?);
         }
+        if let Some(n) = a.ceiling {
+            drains.push(drain::run(settings, a.mode, &a.store, n.into()).await?);
+        }
+        if !a.json {
+            if a.rounds > 1 {
+                println!("round {} of {}:", round + 1, a.rounds);
+            }
+            drain::print_table(settings, &drains);
+            println!();
+        }
+        rounds.push(drains);
     }
-    // Per target, the median over rounds; x2/x1 is the median of each
-    // round's own ratio (both measured within minutes of each other).
-    let of_round = |round: &[drain::DrainResult], store: &str, n: usize| {
-        round
-            .iter()
-            .find(|r| r.store == store && r.instances == n)
-            .map(|r| r.events_per_sec)
-    };
-    let median_of = |f: &dyn Fn(&[drain::DrainResult]) -> Option<f64>| {
-        drain::median(rounds.iter().filter_map(|r| f(r)).collect())
-    };
+    Ok(rounds)
+}
 
-    let ingest_of = |store: &str, n: usize| {
-        ingests
+/// Events per second of `store` with `n` instances in one drain round.
+fn of_round(round: &[DrainResult], store: &str, n: usize) -> Option<f64> {
+    round
+        .iter()
+        .find(|r| r.store == store && r.instances == n)
+        .map(|r| r.events_per_sec)
+}
+
+fn ratio(x: Option<f64>, y: Option<f64>) -> Option<f64> {
+    match (x, y) {
+        (Some(x), Some(y)) if y > 0.0 => Some(x / y),
+        _ => None,
+    }
+}
+
+fn rate(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+}
+
+fn times(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}x"))
+}
+
+fn joined(scales: &[f64]) -> String {
+    let each: Vec<String> = scales.iter().map(|x| format!("{x:.2}x")).collect();
+    each.join(" ")
+}
+
+/// What one `pg` run measured, and the figures the summary derives.
+struct Summary {
+    ingests: Vec<ModeResult>,
+    rounds: Vec<Vec<DrainResult>>,
+    ceiling: Option<usize>,
+}
+
+impl Summary {
+    fn ingest_of(&self, store: &str, n: usize) -> Option<f64> {
+        self.ingests
             .iter()
             .find(|r| r.store == store && r.instances == n)
             .map(|r| r.acks_per_sec)
-    };
-    let drain_of = |store: &str, n: usize| median_of(&|r| of_round(r, store, n));
-    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
-        (Some(x), Some(y)) if y > 0.0 => Some(x / y),
-        _ => None,
-    };
-    let mut rows = vec![("sqlite", 1), ("postgres", 1), ("postgres", 2)];
-    rows.extend(ceiling.map(|n| ("postgres", n)));
-    let scale_ingest = ratio(ingest_of("postgres", 2), ingest_of("postgres", 1));
-    let round_scales: Vec<f64> = rounds
-        .iter()
-        .filter_map(|r| ratio(of_round(r, "postgres", 2), of_round(r, "postgres", 1)))
-        .collect();
-    let scale_drain = drain::median(round_scales.clone());
-    let ceiling_scales: Vec<f64> = ceiling
-        .map(|n| {
-            rounds
+    }
+
+    /// The median over rounds of a target's drain rate.
+    fn drain_of(&self, store: &str, n: usize) -> Option<f64> {
+        drain::median(
+            self.rounds
                 .iter()
-                .filter_map(|r| ratio(of_round(r, "postgres", n), of_round(r, "postgres", 1)))
-                .collect()
-        })
-        .unwrap_or_default();
-    let scale_ceiling = drain::median(ceiling_scales.clone());
-    if a.json {
-        let out = serde_json::json!({
+                .filter_map(|r| of_round(r, store, n))
+                .collect(),
+        )
+    }
+
+    /// Each round's own PostgreSQL xN / x1 drain ratio (both measured
+    /// within minutes of each other); the summary gives their median.
+    fn round_scales(&self, n: usize) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .filter_map(|r| ratio(of_round(r, "postgres", n), of_round(r, "postgres", 1)))
+            .collect()
+    }
+
+    fn ceiling_scales(&self) -> Vec<f64> {
+        self.ceiling
+            .map(|n| self.round_scales(n))
+            .unwrap_or_default()
+    }
+
+    fn scale_ingest(&self) -> Option<f64> {
+        ratio(self.ingest_of("postgres", 2), self.ingest_of("postgres", 1))
+    }
+
+    fn json(&self, version: &str) -> serde_json::Value {
+        serde_json::json!({
             "bench": "pg",
             "server_version": version,
-            "ingest": ingests,
-            "drain": rounds,
-            "drain_x2_over_x1_per_round": round_scales,
-            "ratio_postgres_x2_over_x1": {"ingest": scale_ingest, "drain": scale_drain},
-            "ceiling_instances": ceiling,
-            "drain_xn_over_x1_per_round": ceiling_scales,
-            "ratio_postgres_xn_over_x1": scale_ceiling,
-        });
-        println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
-    } else {
-        let f = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.0}"));
-        let x = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.2}x"));
+            "ingest": self.ingests,
+            "drain": self.rounds,
+            "drain_x2_over_x1_per_round": self.round_scales(2),
+            "ratio_postgres_x2_over_x1": {
+                "ingest": self.scale_ingest(),
+                "drain": drain::median(self.round_scales(2)),
+            },
+            "ceiling_instances": self.ceiling,
+            "drain_xn_over_x1_per_round": self.ceiling_scales(),
+            "ratio_postgres_xn_over_x1": drain::median(self.ceiling_scales()),
+        })
+    }
+
+    fn print(&self, a: &PgArgs, settings: &drain::Settings) {
+        let medians = if self.rounds.len() > 1 {
+            format!(
+                "; drain figures are medians of {} rounds, x2/x1 per round: {}",
+                self.rounds.len(),
+                joined(&self.round_scales(2))
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "summary: intake concurrency {} (group commit), drain {} events ({} topic){}",
+            "summary: intake concurrency {} (group commit), drain {} events ({} topic){medians}",
             a.ingest_concurrency,
             settings.events,
             a.mode.name(),
-            if rounds.len() > 1 {
-                format!(
-                    "; drain figures are medians of {} rounds, x2/x1 per round: {}",
-                    rounds.len(),
-                    round_scales
-                        .iter()
-                        .map(|x| format!("{x:.2}x"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )
-            } else {
-                String::new()
-            }
         );
-        println!(
-            "{:<14} {:>14} {:>16}",
-            "target", "intake acks/s", "drain events/s"
-        );
-        for (store, n) in rows {
-            println!(
-                "{:<14} {:>14} {:>16}",
-                format!("{store} x{n}"),
-                f(ingest_of(store, n)),
-                f(drain_of(store, n)),
-            );
-        }
-        println!(
-            "{:<14} {:>14} {:>16}",
-            "postgres x2/x1",
-            x(scale_ingest),
-            x(scale_drain)
-        );
-        if let Some(n) = ceiling {
-            println!(
-                "{:<14} {:>14} {:>16}",
-                format!("postgres x{n}/x1"),
-                "-",
-                x(scale_ceiling)
-            );
-        }
-        println!(
-            "{:<14} {:>14} {:>16}",
-            "postgres/sqlite",
-            x(ratio(ingest_of("postgres", 1), ingest_of("sqlite", 1))),
-            x(ratio(drain_of("postgres", 1), drain_of("sqlite", 1))),
-        );
-        if let Some(n) = ceiling {
+        self.print_rows();
+        if let Some(n) = self.ceiling {
+            let scales = self.ceiling_scales();
             println!(
                 "ceiling: x{n}/x1 per round {}; one instance already drains {} of what {n} do. \
                  If {n} saturate this store and machine (a larger --ceiling adds nothing), \
                  x2/x1 cannot exceed x{n}/x1 here",
-                ceiling_scales
-                    .iter()
-                    .map(|x| format!("{x:.2}x"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                scale_ceiling.map_or_else(|| "-".into(), |c| format!("{:.0}%", 100.0 / c)),
+                joined(&scales),
+                drain::median(scales).map_or_else(|| "-".into(), |c| format!("{:.0}%", 100.0 / c)),
             );
         }
     }
-    if durable {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("mailroom-bench: stored events do not match the acknowledged ones");
-        Ok(ExitCode::from(2))
+
+    /// The table: each target's intake and drain rates, then the ratios.
+    fn print_rows(&self) {
+        let row = |target: &str, ingest: String, drain: String| {
+            println!("{target:<14} {ingest:>14} {drain:>16}");
+        };
+        row("target", "intake acks/s".into(), "drain events/s".into());
+        let mut targets = vec![("sqlite", 1), ("postgres", 1), ("postgres", 2)];
+        targets.extend(self.ceiling.map(|n| ("postgres", n)));
+        for (store, n) in targets {
+            row(
+                &format!("{store} x{n}"),
+                rate(self.ingest_of(store, n)),
+                rate(self.drain_of(store, n)),
+            );
+        }
+        row(
+            "postgres x2/x1",
+            times(self.scale_ingest()),
+            times(drain::median(self.round_scales(2))),
+        );
+        if let Some(n) = self.ceiling {
+            row(
+                &format!("postgres x{n}/x1"),
+                "-".into(),
+                times(drain::median(self.ceiling_scales())),
+            );
+        }
+        row(
+            "postgres/sqlite",
+            times(ratio(
+                self.ingest_of("postgres", 1),
+                self.ingest_of("sqlite", 1),
+            )),
+            times(ratio(
+                self.drain_of("postgres", 1),
+                self.drain_of("sqlite", 1),
+            )),
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Latency samples: microseconds in a `Vec<u32>`, sorted once at the end
 //! (the run is bounded by its duration, so the vector is too).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Recorded latencies, in microseconds.
@@ -49,6 +50,19 @@ pub fn fmt_ms(ms: f64) -> String {
     } else {
         format!("{ms:.1}")
     }
+}
+
+/// CPU shares as `total% [name n%, ...]`.
+pub fn fmt_cpu(cpu: &BTreeMap<String, f64>) -> String {
+    let parts: Vec<String> = cpu
+        .iter()
+        .map(|(k, v)| format!("{k} {:.0}%", v * 100.0))
+        .collect();
+    format!(
+        "{:.0}% [{}]",
+        cpu.values().sum::<f64>() * 100.0,
+        parts.join(", ")
+    )
 }
 
 #[cfg(test)]
