@@ -84,6 +84,24 @@ impl Serve {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// SIGTERM (graceful shutdown), then waits up to 30 s for the exit;
+    /// whether it exited with success.
+    pub fn terminate(&mut self) -> bool {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                _ => panic!("mailroom did not stop within 30 s of SIGTERM"),
+            }
+        }
+    }
+
     /// `kill -9`, then reap.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -114,6 +132,56 @@ impl Drop for Serve {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Runs `mailroom --config <config> <args...>` to completion (at most
+/// `limit`), with `MAILROOM_STORE_URL=store_url`; (success, stdout, stderr).
+pub fn run_mailroom(
+    config: &Path,
+    store_url: &str,
+    args: &[&str],
+    limit: Duration,
+) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mailroom"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .current_dir(config.parent().expect("config dir"))
+        .env_remove("MAILROOM_CONFIG")
+        .env_remove("MAILROOM_LISTEN")
+        .env("MAILROOM_STORE_URL", store_url)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mailroom");
+    // Read both pipes while waiting, so a chatty child never blocks on one.
+    let read_all = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = read_all(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mailroom {args:?} did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.success(),
+        stdout.join().expect("stdout reader"),
+        stderr.join().expect("stderr reader"),
+    )
 }
 
 /// Writes `mailroom.toml` into `dir` and returns its path.

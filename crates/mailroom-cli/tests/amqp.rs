@@ -1,0 +1,772 @@
+//! The binary against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL` (issue
+//! 13): `mailroom amqp declare`, `serve` refusing a conflicting queue,
+//! consuming with dedup and dead-lettering, surviving a `kill -9` while
+//! consuming, the outbox relay, and `/readyz`. Every test uses its own
+//! exchange and queue names, and a fresh PostgreSQL database as its store.
+
+mod support;
+
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::{Serve, run_mailroom, write_config};
+
+fn amqp_url() -> String {
+    mailroom_testkit::amqp_url()
+}
+
+/// The test broker's URL as mailroom shows it: without user and password.
+fn shown_url() -> String {
+    let url = amqp_url();
+    let (scheme, rest) = url.split_once("://").expect("scheme");
+    format!("{scheme}://{}", rest.rsplit_once('@').map_or(rest, |r| r.1))
+}
+
+async fn connect() -> Connection {
+    Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("connect to the test RabbitMQ")
+}
+
+/// A name no other test (or earlier run) uses.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", support::rand_below(u64::from(u32::MAX)))
+}
+
+/// Deletes what a test declared (best effort: a failed test may not have
+/// declared everything; a missing queue closes the channel, so one each).
+async fn cleanup(conn: &Connection, queues: &[String], exchanges: &[String]) {
+    for q in queues {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+    for e in exchanges {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
+    }
+}
+
+/// Ready messages in `queue` (a passive declare; panics if it does not exist).
+async fn ready(conn: &Connection, queue: &str) -> u32 {
+    let ch = conn.create_channel().await.expect("channel");
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .unwrap_or_else(|e| panic!("queue {queue} exists: {e}"));
+    let _ = ch.close(200, "OK".into()).await;
+    q.message_count()
+}
+
+/// Publishes `messages` (routing key, properties, body) to `exchange` with
+/// confirms, many in flight; all must be confirmed and routed.
+async fn publish(
+    ch: &Channel,
+    exchange: &str,
+    messages: impl IntoIterator<Item = (String, BasicProperties, Vec<u8>)>,
+) {
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let mandatory = BasicPublishOptions {
+        mandatory: true,
+        ..Default::default()
+    };
+    for (key, props, body) in messages {
+        ch.basic_publish(
+            exchange.into(),
+            key.as_str().into(),
+            mandatory,
+            &body,
+            props,
+        )
+        .await
+        .expect("publish");
+    }
+    let returned = ch.wait_for_confirms().await.expect("confirmed");
+    assert!(
+        returned.is_empty(),
+        "{} messages unroutable",
+        returned.len()
+    );
+}
+
+/// A JSON message with `message_id = id`.
+fn message(key: &str, id: &str) -> (String, BasicProperties, Vec<u8>) {
+    let props = BasicProperties::default()
+        .with_message_id(id.into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2);
+    let body = serde_json::json!({ "id": id, "n": 1 })
+        .to_string()
+        .into_bytes();
+    (key.to_string(), props, body)
+}
+
+/// Polls `check` every 100 ms until it holds, for at most `secs`.
+async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out after {secs} s waiting until {what}");
+}
+
+/// The dedup keys stored in `topic` (each row once).
+async fn stored_keys(pool: &sqlx::PgPool, topic: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT dedup_key FROM mailroom.events WHERE topic = $1")
+        .bind(topic)
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default()
+}
+
+async fn stored_count(pool: &sqlx::PgPool, topic: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM mailroom.events WHERE topic = $1")
+        .bind(topic)
+        .fetch_one(pool)
+        .await
+        .unwrap_or(0)
+}
+
+/// The sum of a counter's samples whose labels contain every `labels` pair.
+async fn metric(base: &str, name: &str, labels: &[&str]) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|p| l.contains(p)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A config consuming `<base>.in` (bound to `<base>.events` with `in.*`,
+/// dead-lettered) into the pull topic `inbox`.
+fn inbound_config(base: &str, prefetch: u16) -> String {
+    format!(
+        r#"
+[amqp]
+url = "{url}"
+[[amqp.exchange]]
+name = "{base}.events"
+kind = "topic"
+[[amqp.queue]]
+name = "{base}.in"
+bind = {{ exchange = "{base}.events", routing_key = "in.*" }}
+ttl = "1h"
+dead_letter = true
+
+[[source]]
+name = "in"
+topic = "inbox"
+amqp = {{ queue = "{base}.in", prefetch = {prefetch} }}
+
+[[topic]]
+name = "inbox"
+"#,
+        url = amqp_url()
+    )
+}
+
+fn inbound_names(base: &str) -> (Vec<String>, Vec<String>) {
+    (
+        vec![format!("{base}.in"), format!("{base}.in.dlq")],
+        vec![format!("{base}.events"), format!("{base}.events.dlx")],
+    )
+}
+
+fn start_serve(config: &Path, db: &str) -> Serve {
+    let (path, db) = (config.to_path_buf(), db.to_string());
+    // Serve::start blocks on the child's log; keep it off the runtime.
+    std::thread::spawn(move || Serve::start(&path, &db))
+        .join()
+        .expect("start serve")
+}
+
+/// `mailroom amqp declare` declares one topic exchange and three queues
+/// with TTL, max length and a dead-letter queue each: a second client sees
+/// every exchange and queue (passive declares), each queue holds exactly
+/// the configured arguments (re-declaring with them is accepted, with
+/// another TTL refused), the bindings route and dead-letter; declaring
+/// again changes nothing (same table, messages kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_declare_is_seen_by_a_second_client_and_declaring_again_changes_nothing() {
+    let b = unique("cli-declare");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[amqp]
+url = "{url}"
+[[amqp.exchange]]
+name = "{b}.events"
+kind = "topic"
+[[amqp.queue]]
+name = "{b}.a"
+bind = {{ exchange = "{b}.events", routing_key = "a.*" }}
+ttl = "1h"
+dead_letter = true
+[[amqp.queue]]
+name = "{b}.b"
+bind = {{ exchange = "{b}.events", routing_key = "b.#" }}
+ttl = "2h"
+max_length = 1000
+dead_letter = true
+[[amqp.queue]]
+name = "{b}.c"
+bind = [{{ exchange = "{b}.events", routing_key = "a.created" }}, {{ exchange = "{b}.events", routing_key = "c.*" }}]
+ttl = "30m"
+dead_letter = true
+"#,
+            url = amqp_url()
+        ),
+    );
+    let queues: Vec<String> = ["a", "b", "c"].iter().map(|q| format!("{b}.{q}")).collect();
+    let all_queues: Vec<String> = queues
+        .iter()
+        .flat_map(|q| [q.clone(), format!("{q}.dlq")])
+        .collect();
+    let exchanges = vec![format!("{b}.events"), format!("{b}.events.dlx")];
+    let conn = connect().await;
+
+    let (ok, out, err) = run_mailroom(
+        &config,
+        "sqlite://unused.db",
+        &["amqp", "declare", "--json"],
+        Duration::from_secs(30),
+    );
+    assert!(ok, "amqp declare failed: {err}");
+    let first: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(first["url"], shown_url());
+    let names = |key: &str| -> BTreeSet<String> {
+        first[key]
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|x| x["name"].as_str().expect("name").to_string())
+            .collect()
+    };
+    assert_eq!(names("exchanges"), exchanges.iter().cloned().collect());
+    assert_eq!(names("queues"), all_queues.iter().cloned().collect());
+    assert_eq!(first["bindings"].as_array().expect("bindings").len(), 3 + 4);
+
+    // A second client sees everything.
+    let ch = conn.create_channel().await.expect("channel");
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    for e in &exchanges {
+        ch.exchange_declare(
+            e.as_str().into(),
+            ExchangeKind::Topic,
+            passive,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("exchange {e} exists: {err}"));
+    }
+    for q in &all_queues {
+        assert_eq!(ready(&conn, q).await, 0, "{q}");
+    }
+    // Each queue has exactly its arguments: the same declare is accepted...
+    let expected = [
+        ("a", 3_600_000, None),
+        ("b", 7_200_000, Some(1000)),
+        ("c", 1_800_000, None),
+    ];
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    for (q, ttl, max) in expected {
+        let name = format!("{b}.{q}");
+        let mut args = FieldTable::default();
+        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
+        if let Some(n) = max {
+            args.insert("x-max-length".into(), AMQPValue::LongLongInt(n));
+        }
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(format!("{b}.events.dlx").into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(name.clone().into()),
+        );
+        let ch = conn.create_channel().await.expect("channel");
+        ch.queue_declare(name.as_str().into(), durable, args)
+            .await
+            .unwrap_or_else(|e| panic!("{name} has exactly the configured arguments: {e}"));
+    }
+    // ...and another TTL is refused, so the TTL really is set.
+    let mut other = FieldTable::default();
+    other.insert("x-message-ttl".into(), AMQPValue::LongLongInt(5));
+    let ch = conn.create_channel().await.expect("channel");
+    assert!(
+        ch.queue_declare(queues[0].as_str().into(), durable, other)
+            .await
+            .is_err(),
+        "a different x-message-ttl must be refused"
+    );
+
+    // The bindings route: a.created reaches a and c, b.x.y reaches b.
+    let ch = conn.create_channel().await.expect("channel");
+    publish(
+        &ch,
+        &exchanges[0],
+        [message("a.created", "m1"), message("b.x.y", "m2")],
+    )
+    .await;
+    eventually(10, "the messages are routed", || async {
+        ready(&conn, &queues[0]).await == 1
+            && ready(&conn, &queues[1]).await == 1
+            && ready(&conn, &queues[2]).await == 1
+    })
+    .await;
+    // A rejected message is dead-lettered into <queue>.dlq.
+    let got = ch
+        .basic_get(queues[2].as_str().into(), BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+        .expect("a message in c");
+    got.delivery
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .expect("reject");
+    eventually(10, "the rejected message reaches c.dlq", || async {
+        ready(&conn, &format!("{}.dlq", queues[2])).await == 1
+    })
+    .await;
+
+    // Declaring again changes nothing: the same objects, arguments and
+    // bindings, and the messages are still there.
+    let (ok, out, err) = run_mailroom(
+        &config,
+        "sqlite://unused.db",
+        &["amqp", "declare", "--json"],
+        Duration::from_secs(30),
+    );
+    assert!(ok, "second amqp declare failed: {err}");
+    let second: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(second["exchanges"], first["exchanges"]);
+    assert_eq!(second["bindings"], first["bindings"]);
+    for (q1, q2) in first["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .zip(second["queues"].as_array().expect("queues"))
+    {
+        assert_eq!(
+            (&q1["name"], &q1["arguments"]),
+            (&q2["name"], &q2["arguments"])
+        );
+    }
+    assert_eq!(ready(&conn, &queues[0]).await, 1);
+    assert_eq!(ready(&conn, &queues[1]).await, 1);
+    // The table names every queue with its arguments.
+    let (ok, table, _) = run_mailroom(
+        &config,
+        "sqlite://unused.db",
+        &["amqp", "declare"],
+        Duration::from_secs(30),
+    );
+    assert!(ok);
+    assert!(table.contains("x-message-ttl=7200000"), "{table}");
+    assert!(table.contains(&format!("{b}.c.dlq")), "{table}");
+    cleanup(&conn, &all_queues, &exchanges).await;
+}
+
+/// A queue that already exists with another TTL: `serve` exits non-zero
+/// before listening, and both it and `amqp declare` name the queue and the
+/// argument that differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_to_start_on_a_conflicting_queue() {
+    let b = unique("cli-conflict");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &inbound_config(&b, 10));
+    let conn = connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let mut args = FieldTable::default();
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1000));
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(format!("{b}.in").as_str().into(), durable, args)
+        .await
+        .expect("pre-existing queue");
+
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let (ok, _, err) = run_mailroom(
+        &config,
+        &db,
+        &["serve", "--listen", "127.0.0.1:0"],
+        Duration::from_secs(30),
+    );
+    assert!(!ok, "serve must refuse to start: {err}");
+    assert!(
+        err.contains(&format!("\"{b}.in\"")),
+        "names the queue: {err}"
+    );
+    assert!(err.contains("x-message-ttl"), "names the argument: {err}");
+    assert!(!err.contains("mailroom is serving"), "{err}");
+
+    let (ok, _, err) = run_mailroom(&config, &db, &["amqp", "declare"], Duration::from_secs(30));
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("\"{b}.in\"")) && err.contains("x-message-ttl"),
+        "{err}"
+    );
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// `serve` consumes 10,000 messages of which 1,000 repeat an earlier
+/// `message_id`: exactly the 9,000 distinct ones are stored, each once,
+/// the repeats are counted as duplicates, the queue ends empty; a JSON
+/// message without id and a non-JSON one end in the dead-letter queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_stores_each_distinct_message_once_and_dead_letters_the_unusable() {
+    let b = unique("cli-inbound");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &inbound_config(&b, 100));
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
+    let mut serve = start_serve(&config, &db);
+    let conn = connect().await;
+
+    let distinct: Vec<String> = (0..9_000).map(|i| format!("{b}-m{i}")).collect();
+    let mut messages: Vec<_> = distinct
+        .iter()
+        .map(|id| message("in.created", id))
+        .collect();
+    // Every tenth message repeats an earlier id.
+    for i in 0..1_000 {
+        let repeat = message("in.created", &distinct[i * 9]);
+        messages.insert(i * 10 + 9, repeat);
+    }
+    assert_eq!(messages.len(), 10_000);
+    let no_id = (
+        "in.created".to_string(),
+        BasicProperties::default(),
+        br#"{"no":"id"}"#.to_vec(),
+    );
+    let not_json = (
+        "in.created".to_string(),
+        BasicProperties::default(),
+        b"\x00not json".to_vec(),
+    );
+    messages.insert(5_000, no_id);
+    messages.push(not_json);
+    let ch = conn.create_channel().await.expect("channel");
+    publish(&ch, &format!("{b}.events"), messages).await;
+
+    eventually(
+        120,
+        "9,000 events are stored and the queue is empty",
+        || async {
+            stored_count(&pool, "inbox").await == 9_000
+                && ready(&conn, &format!("{b}.in")).await == 0
+        },
+    )
+    .await;
+    eventually(
+        20,
+        "the two unusable messages are dead-lettered",
+        || async { ready(&conn, &format!("{b}.in.dlq")).await == 2 },
+    )
+    .await;
+    let received = |outcome: &'static str| {
+        let base = serve.base.clone();
+        async move {
+            metric(
+                &base,
+                "mailroom_events_received_total",
+                &["source=\"in\"", outcome],
+            )
+            .await
+        }
+    };
+    assert_eq!(received("outcome=\"accepted\"").await, 9_000.0);
+    assert_eq!(received("outcome=\"duplicate\"").await, 1_000.0);
+    assert_eq!(received("outcome=\"rejected\"").await, 2.0);
+    assert!(serve.terminate(), "serve stops cleanly on SIGTERM");
+    // Nothing was left unacknowledged (it would be back in the queue now).
+    assert_eq!(ready(&conn, &format!("{b}.in")).await, 0);
+    let stored: BTreeSet<String> = stored_keys(&pool, "inbox").await.into_iter().collect();
+    assert_eq!(stored.len(), 9_000);
+    assert_eq!(stored, distinct.into_iter().collect::<BTreeSet<_>>());
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// `serve` is killed with SIGKILL while consuming a 20,000-message backlog
+/// at full speed, then started again: every message ends stored exactly
+/// once (a delivery is acked only after its commit; the unacked ones are
+/// redelivered and deduplicated) and the queue ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_while_consuming_stores_every_message_once_after_restart() {
+    const N: usize = 20_000;
+    let b = unique("cli-kill9");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &inbound_config(&b, 200));
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
+    let conn = connect().await;
+    let (ok, _, err) = run_mailroom(&config, &db, &["amqp", "declare"], Duration::from_secs(30));
+    assert!(ok, "{err}");
+    let ids: Vec<String> = (0..N).map(|i| format!("{b}-k{i}")).collect();
+    let ch = conn.create_channel().await.expect("channel");
+    publish(
+        &ch,
+        &format!("{b}.events"),
+        ids.iter().map(|id| message("in.x", id)),
+    )
+    .await;
+
+    let mut first = start_serve(&config, &db);
+    eventually(60, "consuming is under way", || async {
+        stored_count(&pool, "inbox").await >= 3_000
+    })
+    .await;
+    first.kill9();
+    let at_kill = stored_count(&pool, "inbox").await;
+    assert!(
+        (at_kill as usize) < N,
+        "killed mid-stream ({at_kill} stored)"
+    );
+
+    let mut second = start_serve(&config, &db);
+    eventually(
+        120,
+        "every message is stored and the queue is empty",
+        || async {
+            stored_count(&pool, "inbox").await == N as i64
+                && ready(&conn, &format!("{b}.in")).await == 0
+        },
+    )
+    .await;
+    let redelivered = metric(
+        &second.base,
+        "mailroom_events_received_total",
+        &["source=\"in\"", "outcome=\"duplicate\""],
+    )
+    .await;
+    assert!(second.terminate(), "serve stops cleanly on SIGTERM");
+    assert_eq!(
+        ready(&conn, &format!("{b}.in")).await,
+        0,
+        "nothing left unacked"
+    );
+    assert_eq!(
+        ready(&conn, &format!("{b}.in.dlq")).await,
+        0,
+        "nothing dead-lettered"
+    );
+    let stored = stored_keys(&pool, "inbox").await;
+    assert_eq!(stored.len(), N, "each stored once");
+    assert_eq!(
+        stored.into_iter().collect::<BTreeSet<_>>(),
+        ids.into_iter().collect::<BTreeSet<_>>()
+    );
+    eprintln!(
+        "killed with {at_kill} of {N} stored; {redelivered} redeliveries of stored messages deduplicated; all {N} stored exactly once after restart"
+    );
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// The outbox relay through the binary: an event posted to `POST
+/// /v1/events` in a topic whose handler is `amqp` arrives once on the
+/// queue bound for its type, persistent, with message_id = its dedup key,
+/// correlation id, type, content type and causation/topic headers;
+/// `/readyz` lists the connection by its URL without credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_publishes_an_api_event_once_with_its_properties() {
+    let b = unique("cli-relay");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[amqp]
+url = "{url}"
+[[amqp.exchange]]
+name = "{b}.events"
+kind = "topic"
+[[amqp.queue]]
+name = "{b}.orders"
+bind = {{ exchange = "{b}.events", routing_key = "order.*" }}
+dead_letter = true
+
+[[topic]]
+name = "outbox"
+handler = {{ amqp = {{ exchange = "{b}.events", routing_key = "{{type}}" }} }}
+"#,
+            url = amqp_url()
+        ),
+    );
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let serve = start_serve(&config, &db);
+    let conn = connect().await;
+    let http = reqwest::Client::new();
+
+    let ready_body: serde_json::Value = {
+        let mut body = serde_json::Value::Null;
+        for _ in 0..100 {
+            let resp = http
+                .get(format!("{}/readyz", serve.base))
+                .send()
+                .await
+                .expect("readyz");
+            let ok = resp.status() == 200;
+            body = resp.json().await.expect("json");
+            if ok {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        body
+    };
+    assert_eq!(
+        ready_body,
+        serde_json::json!({"ready": true, "store": {"up": true},
+            "amqp": [{"connection": shown_url(), "up": true}]})
+    );
+    assert!(
+        !ready_body.to_string().contains("guest"),
+        "no credentials shown"
+    );
+
+    let payload = serde_json::json!({"order": "o-1", "total": 12.5});
+    let resp = http
+        .post(format!("{}/v1/events", serve.base))
+        .header("Idempotency-Key", format!("{b}-relay-1"))
+        .json(
+            &serde_json::json!({"topic": "outbox", "type": "order.created", "key": "cust-1",
+            "payload": payload, "correlation_id": "corr-1", "causation_id": "cause-1"}),
+        )
+        .send()
+        .await
+        .expect("POST /v1/events");
+    assert_eq!(resp.status(), 201);
+    let event: serde_json::Value = resp.json().await.expect("event");
+    let queue = format!("{b}.orders");
+    eventually(10, "the event is published", || async {
+        ready(&conn, &queue).await == 1
+    })
+    .await;
+    let ch = conn.create_channel().await.expect("channel");
+    let got = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("basic.get")
+        .expect("the message");
+    let p = &got.delivery.properties;
+    let text = |v: &Option<lapin::types::ShortString>| v.as_ref().map(|s| s.as_str().to_string());
+    assert_eq!(text(p.message_id()), Some(format!("{b}-relay-1")));
+    assert_eq!(text(p.correlation_id()), Some("corr-1".into()));
+    assert_eq!(text(p.kind()), Some("order.created".into()));
+    assert_eq!(text(p.content_type()), Some("application/json".into()));
+    assert_eq!(*p.delivery_mode(), Some(2), "persistent");
+    let headers = p.headers().as_ref().expect("headers");
+    let header = |k: &str| match headers.inner().get(k) {
+        Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_string()),
+        _ => None,
+    };
+    assert_eq!(header("mailroom-causation-id").as_deref(), Some("cause-1"));
+    assert_eq!(header("mailroom-topic").as_deref(), Some("outbox"));
+    let body: serde_json::Value = serde_json::from_slice(&got.delivery.data).expect("JSON body");
+    assert_eq!(body, payload);
+
+    let id = event["id"].as_str().expect("id");
+    eventually(10, "the event is done", || async {
+        let e: serde_json::Value = http
+            .get(format!("{}/v1/events/{id}", serve.base))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        e["status"] == "done"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ready(&conn, &queue).await, 0, "published once");
+    cleanup(
+        &conn,
+        &[queue.clone(), format!("{queue}.dlq")],
+        &[format!("{b}.events"), format!("{b}.events.dlx")],
+    )
+    .await;
+}
+
+/// A broker that cannot be reached does not stop `serve` (the connection
+/// keeps trying); `/readyz` answers 503 and shows that connection down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_shows_an_unreachable_broker_down() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[amqp]
+url = "amqp://user:secret@127.0.0.1:{port}/%2f"
+[[amqp.exchange]]
+name = "never.declared"
+kind = "topic"
+[[source]]
+name = "in"
+topic = "inbox"
+amqp = {{ queue = "never.consumed" }}
+"#
+        ),
+    );
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let serve = start_serve(&config, &db);
+    let resp = reqwest::get(format!("{}/readyz", serve.base))
+        .await
+        .expect("readyz");
+    assert_eq!(resp.status(), 503);
+    let body: serde_json::Value = resp.json().await.expect("json");
+    assert_eq!(
+        body,
+        serde_json::json!({"ready": false, "store": {"up": true},
+            "amqp": [{"connection": format!("amqp://127.0.0.1:{port}/%2f"), "up": false}]})
+    );
+}
