@@ -4,8 +4,10 @@
 //!
 //! Deliveries are stored concurrently (up to `prefetch` in flight), so they
 //! share the store's group commit: a prefetch of 100 is not 100 fsyncs.
-//! A delivery that can never be stored (no dedup key, unusable body) is
-//! rejected without requeue, so the broker dead-letters it. When the store
+//! A delivery that can never be stored (no dedup key, unusable body, or an
+//! event its topic refuses: [`mailroom::accept`], e.g. keyless in a
+//! sequential topic) is rejected without requeue, so the broker
+//! dead-letters it, and counted `rejected`. When the store
 //! cannot commit, the delivery is nacked with requeue and consuming pauses
 //! with a capped, growing delay.
 
@@ -19,8 +21,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
-use mailroom::intake::MAX_FIELD_LEN;
-use mailroom::{Draft, Engine, Field, Mode, StoreError};
+use mailroom::{Draft, Engine, EnqueueError, Field};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,8 +84,6 @@ struct Inner {
     engine: Engine,
     /// The key field: the source's, else the topic's.
     key: Option<Field>,
-    /// The topic is sequential without a default key, so a key is required.
-    needs_key: bool,
 }
 
 /// What became of one delivery.
@@ -116,15 +115,8 @@ impl AmqpSource {
             ))
         })?;
         let key = spec.key.clone().or_else(|| topic.key.clone());
-        let needs_key =
-            matches!(topic.mode, Mode::Sequential { .. }) && topic.default_key.is_none();
         Ok(Self {
-            inner: Arc::new(Inner {
-                spec,
-                engine,
-                key,
-                needs_key,
-            }),
+            inner: Arc::new(Inner { spec, engine, key }),
         })
     }
 
@@ -196,7 +188,7 @@ impl AmqpSource {
             Ok(draft) => draft,
             Err(why) => {
                 tracing::warn!(source = %spec.name, topic = %spec.topic, reason = %why, "rejected an unusable AMQP message; the broker dead-letters it");
-                metrics::counter!("mailroom_events_received_total", "source" => spec.name.clone(), "topic" => spec.topic.clone(), "outcome" => "rejected")
+                metrics::counter!(mailroom::metrics::EVENTS_RECEIVED, "source" => spec.name.clone(), "topic" => spec.topic.clone(), "outcome" => "rejected")
                     .increment(1);
                 return settle(&delivery, Settle::Reject, Verdict::Rejected).await;
             }
@@ -206,8 +198,9 @@ impl AmqpSource {
                 tracing::debug!(source = %spec.name, topic = %spec.topic, id = %inserted.id, duplicate = inserted.duplicate, "stored an AMQP delivery");
                 settle(&delivery, Settle::Ack, Verdict::Stored).await
             }
-            Err(StoreError::Invalid(why)) => {
-                tracing::warn!(source = %spec.name, topic = %spec.topic, reason = %why, "the store refused an AMQP message; rejected");
+            // Counted `rejected` by the engine.
+            Err(EnqueueError::Refused(why)) => {
+                tracing::warn!(source = %spec.name, topic = %spec.topic, reason = %why, "the topic refused an AMQP message; rejected, the broker dead-letters it");
                 settle(&delivery, Settle::Reject, Verdict::Rejected).await
             }
             Err(e) => {
@@ -232,31 +225,27 @@ impl AmqpSource {
             Some(field) => message.field(field)?,
             None => None,
         };
-        if key.is_none() && inner.needs_key {
-            return Err(format!(
-                "sequential topic {:?} needs an ordering key",
-                inner.spec.topic
-            ));
-        }
+        // Lengths, the key a sequential topic needs: the engine's rules
+        // (mailroom::accept), applied by `enqueue`.
         let mut draft = Draft::bytes(inner.spec.topic.clone(), Bytes::copy_from_slice(body))
             .source(inner.spec.name.clone())
-            .dedup_key(checked(dedup_key, "dedup key")?);
+            .dedup_key(dedup_key);
         if let Some(k) = key {
-            draft = draft.key(checked(k, "key")?);
+            draft = draft.key(k);
         }
         if let Some(t) = message
             .property(props.kind())
             .or_else(|| message.envelope("eventType"))
         {
-            draft = draft.event_type(checked(t, "type")?);
+            draft = draft.event_type(t);
         }
         let correlation = message.property(props.correlation_id());
         if let Some(c) = correlation.or_else(|| message.envelope("correlationId")) {
-            draft = draft.correlation_id(checked(c, "correlation id")?);
+            draft = draft.correlation_id(c);
         }
         let causation = message.header(CAUSATION_HEADER);
         if let Some(c) = causation.or_else(|| message.envelope("causationId")) {
-            draft = draft.causation_id(checked(c, "causation id")?);
+            draft = draft.causation_id(c);
         }
         match message.property(props.content_type()) {
             Some(ct) => draft = draft.content_type(ct),
@@ -333,14 +322,6 @@ impl<'a> Message<'a> {
             },
             Field::BodySha256 => Ok(None),
         }
-    }
-}
-
-fn checked(value: String, what: &str) -> Result<String, String> {
-    if value.len() > MAX_FIELD_LEN {
-        Err(format!("{what} is longer than {MAX_FIELD_LEN} bytes"))
-    } else {
-        Ok(value)
     }
 }
 

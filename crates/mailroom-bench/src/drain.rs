@@ -211,7 +211,7 @@ async fn preload(s: &Settings, mode: DrainMode, engine: &Engine) -> anyhow::Resu
                     }
                     match engine.enqueue(draft).await {
                         Ok(_) => break,
-                        Err(StoreError::Overloaded) => {
+                        Err(mailroom::EnqueueError::Store(StoreError::Overloaded)) => {
                             tokio::time::sleep(Duration::from_millis(1)).await;
                         }
                         Err(e) => return Err(e),

@@ -289,8 +289,8 @@ pub struct TopicConfig {
     pub key: Option<String>,
     /// Header holding the ordering key.
     pub key_header: Option<String>,
-    /// Key used for events that carry none (sequential topics); without it
-    /// such events are refused at intake with 400.
+    /// Key used for events that carry none; without it a sequential topic
+    /// refuses them (400, an AMQP reject, an `Err` from `enqueue`).
     pub default_key: Option<String>,
     /// `block` (default) or `skip`.
     #[serde(default)]

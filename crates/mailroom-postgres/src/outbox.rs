@@ -15,7 +15,10 @@
 //! unless a sixth argument `max_attempts` says otherwise) is stored as
 //! `pending` and a notification wakes the dispatchers — both only when the
 //! transaction commits. A repeated `dedup_key` returns the stored id; a
-//! NULL one never deduplicates.
+//! NULL one never deduplicates. Nothing checks the event against its
+//! topic's rules at insert time: a NULL `key` in a sequential topic makes an
+//! independent event, run outside every key's order (intake would have
+//! refused it).
 //!
 //! Rust applications using sqlx call [`enqueue`] with `&mut *tx`.
 

@@ -30,7 +30,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use mailroom::intake::MAX_FIELD_LEN;
-use mailroom::{Draft, Event, Mode, Status};
+use mailroom::{Draft, Event, NewEvent, Status};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -137,15 +137,6 @@ fn scope(s: &AppState, headers: &HeaderMap) -> String {
     format!("api:{}", &digest[..16])
 }
 
-fn check_field(name: &str, v: &Option<String>) -> Result<(), Problem> {
-    match v {
-        Some(v) if v.is_empty() || v.len() > MAX_FIELD_LEN => Err(Problem::bad_request(format!(
-            "{name} must be 1 to {MAX_FIELD_LEN} bytes"
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// The event object as it was committed (SPEC §12): both the first answer
 /// and every replay are built by this one function from the stored row, so
 /// a replay answers exactly the original status and body even after the
@@ -177,6 +168,41 @@ pub(crate) async fn create(
     body: Body,
 ) -> Result<Response, Problem> {
     let key = idempotency_key(&headers)?;
+    let req = read_request(&s, body).await?;
+    let scope = scope(&s, &headers);
+    // The topic's rules (mailroom::accept) refuse with 400 before anything
+    // is stored or marked in flight.
+    let accepted = s.engine.accept(req.draft(key.clone(), scope.clone())?)?;
+    let Some(guard) = s.inflight.enter(&scope, &key) else {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "a request with this Idempotency-Key is still being processed; retry shortly",
+        )
+        .retry_after(1));
+    };
+    let inserted = s.engine.insert(accepted.clone()).await?;
+    drop(guard);
+    let stored =
+        s.engine.get(inserted.id).await?.ok_or_else(|| {
+            Problem::unavailable("the event was stored but could not be read back")
+        })?;
+    if inserted.duplicate && !same_request(&stored, accepted.event()) {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Unprocessable Content",
+            "this Idempotency-Key was already used with a different request body",
+        ));
+    }
+    let max_attempts = accepted.event().max_attempts;
+    Ok(created(
+        as_committed(stored, max_attempts),
+        inserted.duplicate,
+    ))
+}
+
+/// Reads and parses the body, within the API's body limit.
+async fn read_request(s: &AppState, body: Body) -> Result<CreateEvent, Problem> {
     let limit = s.options.limits.api_max_body;
     let bytes = read_body(body, limit, s.options.limits.body_read_timeout, || {
         Problem::new(
@@ -186,88 +212,50 @@ pub(crate) async fn create(
         )
     })
     .await?;
-    let req: CreateEvent = serde_json::from_slice(&bytes)
-        .map_err(|e| Problem::bad_request(format!("invalid body: {e}")))?;
-    let topic = s
-        .engine
-        .topic(&req.topic)
-        .ok_or_else(|| Problem::bad_request(format!("unknown topic {:?}", req.topic)))?;
-    for (name, v) in [
-        ("type", &req.event_type),
-        ("key", &req.key),
-        ("correlation_id", &req.correlation_id),
-        ("causation_id", &req.causation_id),
-    ] {
-        check_field(name, v)?;
-    }
-    let payload = match req.payload {
-        None | Some(Value::Null) => {
-            return Err(Problem::bad_request(
-                "payload is required (any JSON but null)",
-            ));
-        }
-        // Stored as serde_json writes the parsed value, so the same JSON
-        // re-sent with other whitespace compares equal on a repeat.
-        Some(v) => serde_json::to_vec(&v).map_err(|e| Problem::bad_request(e.to_string()))?,
-    };
-    let key_or_default = req.key.clone().or_else(|| topic.default_key.clone());
-    if key_or_default.is_none() && matches!(topic.mode, Mode::Sequential { .. }) {
-        return Err(Problem::bad_request(format!(
-            "sequential topic {:?} needs a key",
-            topic.name
-        )));
-    }
-    let max_attempts = topic.retry.max_attempts;
-    let scope = scope(&s, &headers);
+    serde_json::from_slice(&bytes).map_err(|e| Problem::bad_request(format!("invalid body: {e}")))
+}
 
-    let Some(guard) = s.inflight.enter(&scope, &key) else {
-        return Err(Problem::new(
-            StatusCode::CONFLICT,
-            "Conflict",
-            "a request with this Idempotency-Key is still being processed; retry shortly",
-        )
-        .retry_after(1));
-    };
-    let mut draft = Draft::bytes(req.topic.clone(), payload.clone())
-        .content_type("application/json")
-        .dedup_key(key)
-        .source(scope);
-    if let Some(v) = &req.event_type {
-        draft = draft.event_type(v.clone());
-    }
-    if let Some(v) = &req.key {
-        draft = draft.key(v.clone());
-    }
-    if let Some(v) = &req.correlation_id {
-        draft = draft.correlation_id(v.clone());
-    }
-    if let Some(v) = &req.causation_id {
-        draft = draft.causation_id(v.clone());
-    }
-    let inserted = s.engine.enqueue(draft).await?;
-    drop(guard);
-    let stored =
-        s.engine.get(inserted.id).await?.ok_or_else(|| {
-            Problem::unavailable("the event was stored but could not be read back")
-        })?;
-    if inserted.duplicate {
-        let same = stored.topic == req.topic
-            && stored.event_type == req.event_type
-            && stored.key == key_or_default
-            && stored.correlation_id == req.correlation_id
-            && stored.causation_id == req.causation_id
-            // Purged by retention: the envelope matched, so it is a repeat.
-            && stored.payload.as_deref().is_none_or(|p| p == payload.as_slice());
-        if !same {
-            return Err(Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Unprocessable Content",
-                "this Idempotency-Key was already used with a different request body",
-            ));
+/// "The same body": the stored event has the topic, type, key (after the
+/// topic's default), ids and payload of the repeat.
+fn same_request(stored: &Event, repeat: &NewEvent) -> bool {
+    stored.topic == repeat.topic
+        && stored.event_type == repeat.event_type
+        && stored.key == repeat.key
+        && stored.correlation_id == repeat.correlation_id
+        && stored.causation_id == repeat.causation_id
+        // Purged by retention: the envelope matched, so it is a repeat.
+        && stored.payload.as_deref().is_none_or(|p| p == repeat.payload.as_ref())
+}
+
+impl CreateEvent {
+    /// The event to enqueue under `scope` with dedup key `key`.
+    fn draft(self, key: String, scope: String) -> Result<Draft, Problem> {
+        let payload = match self.payload {
+            None | Some(Value::Null) => {
+                return Err(Problem::bad_request(
+                    "payload is required (any JSON but null)",
+                ));
+            }
+            // Stored as serde_json writes the parsed value, so the same JSON
+            // re-sent with other whitespace compares equal on a repeat.
+            Some(v) => serde_json::to_vec(&v).map_err(|e| Problem::bad_request(e.to_string()))?,
+        };
+        let mut draft = Draft::bytes(self.topic, payload)
+            .content_type("application/json")
+            .dedup_key(key)
+            .source(scope);
+        if let Some(v) = self.event_type {
+            draft = draft.event_type(v);
         }
+        if let Some(v) = self.key {
+            draft = draft.key(v);
+        }
+        if let Some(v) = self.correlation_id {
+            draft = draft.correlation_id(v);
+        }
+        if let Some(v) = self.causation_id {
+            draft = draft.causation_id(v);
+        }
+        Ok(draft)
     }
-    Ok(created(
-        as_committed(stored, max_attempts),
-        inserted.duplicate,
-    ))
 }

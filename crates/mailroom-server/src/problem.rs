@@ -4,7 +4,7 @@
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use mailroom::intake::IntakeError;
-use mailroom::{ClaimError, StoreError};
+use mailroom::{ClaimError, Refused, StoreError};
 
 /// An error answer.
 #[derive(Debug)]
@@ -129,8 +129,15 @@ impl From<IntakeError> for Problem {
                 format!("the body exceeds this source's max_body of {limit} bytes"),
             ),
             IntakeError::BadRequest(m) => Problem::bad_request(m),
+            IntakeError::Refused(r) => r.into(),
             IntakeError::Store(s) => s.into(),
             other => Problem::bad_request(other.to_string()),
         }
+    }
+}
+
+impl From<Refused> for Problem {
+    fn from(e: Refused) -> Self {
+        Problem::bad_request(e.to_string())
     }
 }

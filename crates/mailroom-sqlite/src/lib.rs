@@ -24,6 +24,9 @@
 //! parameters `:topic`, `:type`, `:key`, `:payload`, `:dedup_key`). Rollback
 //! leaves nothing; after commit a running `mailroom serve` picks the event up
 //! within its polling interval (1 s). A repeated `:dedup_key` is ignored.
+//! Nothing checks the row against its topic's rules at INSERT time: a NULL
+//! `:key` in a sequential topic makes an independent event, run outside
+//! every key's order (intake would have refused it).
 //!
 //! ```no_run
 //! # fn main() -> rusqlite::Result<()> {

@@ -4,22 +4,21 @@
 
 use crate::dispatch::{TopicRuntime, run_topic};
 use crate::handler::SharedHandler;
-use crate::intake::{self, IntakeError};
 use crate::maintenance::Maintenance;
 use crate::topology::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
-use bytes::Bytes;
-use http::HeaderMap;
 use mailroom_core::{AlertRules, AlertRulesError};
-use mailroom_core::{EventId, Inserted, NewEvent, Retention, Store, StoreError};
+use mailroom_core::{Retention, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 mod admin;
+mod ingest;
 mod pull;
 
+pub use ingest::{Accepted, Draft, EnqueueError};
 pub use pull::ClaimError;
 
 /// Why an engine could not be built.
@@ -259,86 +258,6 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
-/// What to enqueue through [`Engine::enqueue`].
-#[derive(Debug, Clone)]
-pub struct Draft {
-    topic: String,
-    payload: Bytes,
-    content_type: Option<String>,
-    dedup_key: Option<String>,
-    key: Option<String>,
-    event_type: Option<String>,
-    correlation_id: Option<String>,
-    causation_id: Option<String>,
-    source: String,
-}
-
-impl Draft {
-    /// An event for `topic` with raw payload bytes.
-    pub fn bytes(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
-        Self {
-            topic: topic.into(),
-            payload: payload.into(),
-            content_type: None,
-            dedup_key: None,
-            key: None,
-            event_type: None,
-            correlation_id: None,
-            causation_id: None,
-            source: "api".into(),
-        }
-    }
-
-    /// An event for `topic` with a JSON payload.
-    pub fn json(topic: impl Into<String>, payload: &serde_json::Value) -> Self {
-        let mut d = Self::bytes(topic, serde_json::to_vec(payload).unwrap_or_default());
-        d.content_type = Some("application/json".into());
-        d
-    }
-
-    /// The sender's id for deduplication (default: a fresh unique id, so no dedup).
-    pub fn dedup_key(mut self, k: impl Into<String>) -> Self {
-        self.dedup_key = Some(k.into());
-        self
-    }
-
-    /// Ordering / grouping key.
-    pub fn key(mut self, k: impl Into<String>) -> Self {
-        self.key = Some(k.into());
-        self
-    }
-
-    /// Event type.
-    pub fn event_type(mut self, t: impl Into<String>) -> Self {
-        self.event_type = Some(t.into());
-        self
-    }
-
-    /// Correlation id.
-    pub fn correlation_id(mut self, c: impl Into<String>) -> Self {
-        self.correlation_id = Some(c.into());
-        self
-    }
-
-    /// Causation id.
-    pub fn causation_id(mut self, c: impl Into<String>) -> Self {
-        self.causation_id = Some(c.into());
-        self
-    }
-
-    /// Content type of the payload.
-    pub fn content_type(mut self, c: impl Into<String>) -> Self {
-        self.content_type = Some(c.into());
-        self
-    }
-
-    /// Source name recorded on the event (default `api`).
-    pub fn source(mut self, s: impl Into<String>) -> Self {
-        self.source = s.into();
-        self
-    }
-}
-
 impl Engine {
     /// Starts building an engine over `store`.
     pub fn builder(store: Arc<dyn Store>) -> EngineBuilder {
@@ -374,86 +293,6 @@ impl Engine {
             .topics
             .get(topic)
             .is_some_and(|t| t.handler.is_some())
-    }
-
-    /// Stores an event durably (the call returns after the commit) and wakes
-    /// its topic. Deduplicated by (source, dedup key).
-    pub async fn enqueue(&self, draft: Draft) -> Result<Inserted, StoreError> {
-        let topic = self
-            .inner
-            .topics
-            .get(&draft.topic)
-            .ok_or_else(|| StoreError::Invalid(format!("unknown topic {:?}", draft.topic)))?;
-        let id = EventId::new();
-        let event = NewEvent {
-            id,
-            source: draft.source,
-            topic: draft.topic,
-            dedup_key: draft.dedup_key.unwrap_or_else(|| id.to_string()),
-            key: draft.key.or_else(|| topic.spec.default_key.clone()),
-            event_type: draft.event_type,
-            correlation_id: draft.correlation_id,
-            causation_id: draft.causation_id,
-            content_type: draft.content_type,
-            payload: draft.payload,
-            max_attempts: topic.spec.retry.max_attempts,
-        };
-        self.insert(event).await
-    }
-
-    /// Stores a fully formed event (intake paths) and wakes its topic.
-    pub async fn insert(&self, event: NewEvent) -> Result<Inserted, StoreError> {
-        let topic = event.topic.clone();
-        let source = event.source.clone();
-        let started = Instant::now();
-        let result = self.inner.store.insert(event).await;
-        let outcome = match &result {
-            Ok(i) if i.duplicate => "duplicate",
-            Ok(_) => "accepted",
-            Err(_) => "rejected",
-        };
-        metrics::counter!(crate::metrics::EVENTS_RECEIVED, "source" => source.clone(), "topic" => topic.clone(), "outcome" => outcome)
-            .increment(1);
-        metrics::histogram!(crate::metrics::INGEST_DURATION, "source" => source)
-            .record(started.elapsed().as_secs_f64());
-        if let Ok(i) = &result {
-            if !i.duplicate {
-                if let Some(t) = self.inner.topics.get(&topic) {
-                    t.wake.notify_one();
-                }
-            }
-        }
-        result
-    }
-
-    /// Webhook intake: resolves the source, verifies the signature (first),
-    /// extracts the envelope, stores durably. The caller answers 2xx only on `Ok`.
-    pub async fn ingest_webhook(
-        &self,
-        source: &str,
-        headers: &HeaderMap,
-        body: Bytes,
-    ) -> Result<Inserted, IntakeError> {
-        let implicit;
-        let spec = match self.inner.sources.get(source) {
-            Some(s) => s,
-            None if self.inner.accept_undeclared && valid_source_name(source) => {
-                implicit = SourceSpec::new(source, source);
-                &implicit
-            }
-            None => return Err(IntakeError::UnknownSource(source.to_string())),
-        };
-        intake::verify::check(spec, headers, &body)?;
-        let default_topic;
-        let topic = match self.inner.topics.get(&spec.topic) {
-            Some(t) => &t.spec,
-            None => {
-                default_topic = TopicSpec::new(spec.topic.clone());
-                &default_topic
-            }
-        };
-        let event = intake::build_event(spec, topic, headers, body)?;
-        Ok(self.insert(event).await?)
     }
 
     /// A declared webhook source's settings.
@@ -528,13 +367,6 @@ impl Engine {
         tasks.spawn(crate::observe::run_gauges(self.clone(), shutdown.clone()));
         while tasks.join_next().await.is_some() {}
     }
-}
-
-fn valid_source_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 fn default_worker_id() -> String {

@@ -5,7 +5,8 @@
 //!
 //! 1. **intake** ([`intake`]): a webhook request (or [`Engine::enqueue`]) is
 //!    verified, its dedup key / type / ordering key read, and a
-//!    [`NewEvent`] built;
+//!    [`NewEvent`] built, which must pass its topic's rules ([`accept`]: the
+//!    one rule set of every door, webhooks, API, library and AMQP);
 //! 2. **store** ([`mailroom_core::Store`]): the event is committed durably and
 //!    deduplicated before anyone is answered (SQLite by default, grouped
 //!    commits);
@@ -40,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod accept;
 pub mod clock;
 mod dispatch;
 mod engine;
@@ -51,7 +53,8 @@ mod observe;
 mod open;
 pub mod topology;
 
-pub use engine::{BuildError, ClaimError, Draft, Engine, EngineBuilder};
+pub use accept::Refused;
+pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder, EnqueueError};
 pub use mailroom_core::*;
 pub use open::open_store;
 pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

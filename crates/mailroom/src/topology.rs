@@ -60,7 +60,8 @@ pub struct TopicSpec {
     pub mode: Mode,
     /// Where the ordering/grouping key lives when the source doesn't say.
     pub key: Option<Field>,
-    /// Key for keyless events in sequential topics (else 400 at intake).
+    /// The key of events that carry none; a sequential topic without it
+    /// refuses keyless events on every door ([`crate::accept`]).
     pub default_key: Option<String>,
     /// Attempts in flight at once.
     pub concurrency: u32,

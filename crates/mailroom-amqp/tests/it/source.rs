@@ -198,6 +198,63 @@ async fn unidentifiable_messages_end_in_the_dead_letter_queue() {
     cleanup(&conn, &queue).await;
 }
 
+/// The engine's rules hold on this door too (`mailroom::accept`): a
+/// message without an ordering key for a sequential topic is rejected
+/// without requeue (it reaches the dead-letter queue), counted
+/// `outcome="rejected"`, and never stored; the keyed one beside it is.
+#[tokio::test]
+async fn a_keyless_message_for_a_sequential_topic_is_rejected_and_counted() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    // A current-thread runtime: the source's tasks record on this thread.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topic = TopicSpec::new("inbound")
+        .mode(mailroom::Mode::Sequential {
+            on_dead: mailroom::OnDead::Block,
+        })
+        .key(mailroom::Field::Json("/customer".into()));
+    let engine = Engine::builder(sqlite_store(&dir).await)
+        .topic(topic)
+        .build()
+        .expect("engine");
+    let conn = connect().await;
+    let queue = dead_lettered_queue(&conn, &unique("keyless")).await;
+    let id = |m: &str| BasicProperties::default().with_message_id(m.into());
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        [
+            (id("no-key"), br#"{"n":1}"#.to_vec()),
+            (id("keyed"), br#"{"customer":"c-1"}"#.to_vec()),
+        ],
+    )
+    .await;
+    let spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
+    let (stop, task) = start(&conn, &engine, spec).await;
+    wait_stored(&engine, 1, 10).await;
+    let dlq = format!("{queue}.dlq");
+    eventually(10, "the keyless message is dead-lettered", || async {
+        ready(&conn, &dlq).await == 1
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("consumer task");
+    let dead = drain(&conn, &dlq).await;
+    assert_eq!(dead[0].data, br#"{"n":1}"#);
+    let text = metrics.render();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("mailroom_events_received_total")
+                && l.contains(r#"outcome="rejected""#)
+                && l.contains(r#"source="rabbit""#)
+                && l.ends_with(" 1")),
+        "{text}"
+    );
+    assert_eq!(stored(&engine).await, 1);
+    cleanup(&conn, &queue).await;
+}
+
 /// Without properties, a JSON envelope supplies the dedup key, type,
 /// correlation and causation ids; properties win over the envelope when
 /// present; the body is stored as received; the key is read by pointer.

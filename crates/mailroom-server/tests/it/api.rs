@@ -216,3 +216,63 @@ async fn api_token_guards_v1_but_not_webhooks() {
     }
     server.stop().await;
 }
+
+/// A keyless event in a sequential topic is refused with a 400 problem on
+/// both HTTP doors (`POST /v1/events` and a webhook), by the engine's one
+/// rule set, and nothing is stored; with its key it is accepted.
+#[tokio::test]
+async fn keyless_events_in_a_sequential_topic_are_refused_on_both_doors() {
+    let server = start(|store| {
+        Engine::builder(store)
+            .topic(
+                TopicSpec::new("orders")
+                    .mode(mailroom::Mode::Sequential {
+                        on_dead: mailroom::OnDead::Block,
+                    })
+                    .key(mailroom::Field::Json("/customer".into())),
+            )
+            .source(SourceSpec::new("shop", "orders"))
+    })
+    .await;
+    let api = |body: Value| {
+        server
+            .http
+            .post(server.url("/v1/events"))
+            .header("idempotency-key", "k-1")
+            .json(&body)
+            .send()
+    };
+    let p = expect_problem(
+        api(json!({"topic": "orders", "payload": {"n": 1}}))
+            .await
+            .expect("request"),
+        400,
+    )
+    .await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("ordering key")),
+        "{p}"
+    );
+    let hook = server
+        .webhook("shop", &[("webhook-id", "w-1")], r#"{"n":1}"#)
+        .await;
+    let p = expect_problem(hook, 400).await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("/customer")),
+        "{p}"
+    );
+    assert!(server.events_of("orders").await.is_empty());
+
+    let ok = api(json!({"topic": "orders", "key": "c-1", "payload": {"n": 1}}))
+        .await
+        .expect("request");
+    assert_eq!(ok.status(), 201);
+    server
+        .accept("shop", "w-2", &json!({"customer": "c-1"}))
+        .await;
+    assert_eq!(server.events_of("orders").await.len(), 2);
+}

@@ -3,18 +3,19 @@
 //! Order matters and is pinned by SPEC §12: **verification comes first** (a
 //! request that fails it learns nothing, not even whether its dedup key is
 //! known), then the dedup key, type and ordering key are read from headers or
-//! the JSON body. Only then does the engine insert and acknowledge.
+//! the JSON body. Then the event meets its topic's rules
+//! ([`crate::accept`]), as events from every other door do, and only then
+//! does the engine insert and acknowledge.
 
 pub mod verify;
 
 use crate::topology::{Field, SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
-use mailroom_core::{EventId, Mode, NewEvent};
+use mailroom_core::{EventId, NewEvent};
 use sha2::{Digest, Sha256};
 
-/// Longest accepted dedup key, key or type, in bytes.
-pub const MAX_FIELD_LEN: usize = 512;
+pub use crate::accept::MAX_FIELD_LEN;
 
 /// Why a request was refused before it reached the store.
 #[derive(Debug, thiserror::Error)]
@@ -35,13 +36,17 @@ pub enum IntakeError {
     /// A required value is absent or unusable.
     #[error("{0}")]
     BadRequest(String),
+    /// The event breaks its topic's rules ([`crate::accept`]).
+    #[error(transparent)]
+    Refused(#[from] crate::accept::Refused),
     /// The store failed; nothing was stored.
     #[error(transparent)]
     Store(#[from] mailroom_core::StoreError),
 }
 
 /// Reads the request into a [`NewEvent`] for `topic`. Verification is the
-/// caller's first step ([`verify::check`]); this only extracts fields.
+/// caller's first step ([`verify::check`]); this only extracts fields, and
+/// the caller then applies the topic's rules ([`crate::accept::check`]).
 pub fn build_event(
     source: &SourceSpec,
     topic: &TopicSpec,
@@ -68,23 +73,10 @@ pub fn build_event(
         Some(field) => read(field, headers, &mut json, "type")?,
         None => None,
     };
-    let key_field = source.key.as_ref().or(topic.key.as_ref());
-    let mut key = match key_field {
+    let key = match source.key.as_ref().or(topic.key.as_ref()) {
         Some(field) => read(field, headers, &mut json, "key")?,
         None => None,
     };
-    if key.is_none() && matches!(topic.mode, Mode::Sequential { .. }) {
-        key = Some(topic.default_key.clone().ok_or_else(|| {
-            IntakeError::BadRequest(match key_field {
-                Some(f) => format!(
-                    "sequential topic {:?} needs an ordering key: {}",
-                    topic.name,
-                    describe(f)
-                ),
-                None => format!("sequential topic {:?} has no key configured", topic.name),
-            })
-        })?);
-    }
     let header = |name: &str| {
         headers
             .get(name)
@@ -189,7 +181,8 @@ fn check_len(v: String, what: &str) -> Result<String, IntakeError> {
     }
 }
 
-fn describe(f: &Field) -> String {
+/// Where a missing field was looked for, for error messages.
+pub(crate) fn describe(f: &Field) -> String {
     match f {
         Field::Header(h) => format!("header {h} is missing"),
         Field::Json(p) => format!("{p} is missing from the body"),
@@ -315,22 +308,6 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("c9"));
         assert_eq!(e.correlation_id.as_deref(), Some("corr"));
         assert_eq!(e.content_type.as_deref(), Some("application/json"));
-    }
-
-    #[test]
-    fn sequential_topics_need_a_key_unless_a_default_is_set() {
-        let s = SourceSpec::new("s", "t");
-        let mut topic = TopicSpec::new("t")
-            .mode(Mode::Sequential {
-                on_dead: Default::default(),
-            })
-            .key(Field::Json("/customer".into()));
-        let body = Bytes::from_static(br#"{"id":"1"}"#);
-        let err = build_event(&s, &topic, &HeaderMap::new(), body.clone()).unwrap_err();
-        assert!(matches!(err, IntakeError::BadRequest(_)));
-        topic.default_key = Some("none".into());
-        let e = build_event(&s, &topic, &HeaderMap::new(), body).unwrap();
-        assert_eq!(e.key.as_deref(), Some("none"));
     }
 
     #[test]

@@ -1,0 +1,229 @@
+//! The doors into the store (SPEC §6): [`Engine::enqueue`] for the library,
+//! the API and AMQP sources, [`Engine::ingest_webhook`] for webhooks. Both
+//! pass every event through the one rule set of [`crate::accept`] before
+//! the store sees it; only an [`Accepted`] event is ever stored.
+
+use super::Engine;
+use crate::accept::{self, Refused};
+use crate::intake::{self, IntakeError};
+use crate::topology::{SourceSpec, TopicSpec};
+use bytes::Bytes;
+use http::HeaderMap;
+use mailroom_core::{EventId, Inserted, NewEvent, StoreError};
+use std::time::Instant;
+
+/// Why [`Engine::enqueue`] stored nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnqueueError {
+    /// The event breaks its topic's rules ([`crate::accept`]); retrying
+    /// the same event cannot succeed.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// The store failed; nothing was stored, so retrying may succeed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An event that passed its topic's rules ([`crate::accept::check`]): the
+/// only kind [`Engine::insert`] stores.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted(NewEvent);
+
+impl Accepted {
+    /// The event as it will be stored (default key and budget filled in).
+    pub fn event(&self) -> &NewEvent {
+        &self.0
+    }
+}
+
+/// What to enqueue through [`Engine::enqueue`].
+#[derive(Debug, Clone)]
+pub struct Draft {
+    topic: String,
+    payload: Bytes,
+    content_type: Option<String>,
+    dedup_key: Option<String>,
+    key: Option<String>,
+    event_type: Option<String>,
+    correlation_id: Option<String>,
+    causation_id: Option<String>,
+    source: String,
+}
+
+impl Draft {
+    /// An event for `topic` with raw payload bytes.
+    pub fn bytes(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+        Self {
+            topic: topic.into(),
+            payload: payload.into(),
+            content_type: None,
+            dedup_key: None,
+            key: None,
+            event_type: None,
+            correlation_id: None,
+            causation_id: None,
+            source: "api".into(),
+        }
+    }
+
+    /// An event for `topic` with a JSON payload.
+    pub fn json(topic: impl Into<String>, payload: &serde_json::Value) -> Self {
+        let mut d = Self::bytes(topic, serde_json::to_vec(payload).unwrap_or_default());
+        d.content_type = Some("application/json".into());
+        d
+    }
+
+    /// The sender's id for deduplication (default: a fresh unique id, so no dedup).
+    pub fn dedup_key(mut self, k: impl Into<String>) -> Self {
+        self.dedup_key = Some(k.into());
+        self
+    }
+
+    /// Ordering / grouping key.
+    pub fn key(mut self, k: impl Into<String>) -> Self {
+        self.key = Some(k.into());
+        self
+    }
+
+    /// Event type.
+    pub fn event_type(mut self, t: impl Into<String>) -> Self {
+        self.event_type = Some(t.into());
+        self
+    }
+
+    /// Correlation id.
+    pub fn correlation_id(mut self, c: impl Into<String>) -> Self {
+        self.correlation_id = Some(c.into());
+        self
+    }
+
+    /// Causation id.
+    pub fn causation_id(mut self, c: impl Into<String>) -> Self {
+        self.causation_id = Some(c.into());
+        self
+    }
+
+    /// Content type of the payload.
+    pub fn content_type(mut self, c: impl Into<String>) -> Self {
+        self.content_type = Some(c.into());
+        self
+    }
+
+    /// Source name recorded on the event (default `api`).
+    pub fn source(mut self, s: impl Into<String>) -> Self {
+        self.source = s.into();
+        self
+    }
+}
+
+impl Engine {
+    /// Builds the event of `draft` and checks it against its topic's rules
+    /// ([`crate::accept`]). A refusal is counted as a `rejected` intake.
+    pub fn accept(&self, draft: Draft) -> Result<Accepted, Refused> {
+        let Some(topic) = self.topic(&draft.topic) else {
+            count_received(&draft.source, &draft.topic, "rejected");
+            return Err(Refused::UnknownTopic(draft.topic));
+        };
+        let id = EventId::new();
+        let event = NewEvent {
+            id,
+            source: draft.source,
+            topic: draft.topic,
+            dedup_key: draft.dedup_key.unwrap_or_else(|| id.to_string()),
+            key: draft.key,
+            event_type: draft.event_type,
+            correlation_id: draft.correlation_id,
+            causation_id: draft.causation_id,
+            content_type: draft.content_type,
+            payload: draft.payload,
+            max_attempts: topic.retry.max_attempts,
+        };
+        admit(topic, event)
+    }
+
+    /// Checks `draft` ([`Engine::accept`]), stores it durably (the call
+    /// returns after the commit) and wakes its topic. Deduplicated by
+    /// (source, dedup key).
+    pub async fn enqueue(&self, draft: Draft) -> Result<Inserted, EnqueueError> {
+        let accepted = self.accept(draft)?;
+        Ok(self.insert(accepted).await?)
+    }
+
+    /// Stores an accepted event durably and wakes its topic.
+    pub async fn insert(&self, accepted: Accepted) -> Result<Inserted, StoreError> {
+        let event = accepted.0;
+        let topic = event.topic.clone();
+        let source = event.source.clone();
+        let started = Instant::now();
+        let result = self.inner.store.insert(event).await;
+        let outcome = match &result {
+            Ok(i) if i.duplicate => "duplicate",
+            Ok(_) => "accepted",
+            Err(_) => "rejected",
+        };
+        count_received(&source, &topic, outcome);
+        metrics::histogram!(crate::metrics::INGEST_DURATION, "source" => source)
+            .record(started.elapsed().as_secs_f64());
+        if let Ok(i) = &result {
+            if !i.duplicate {
+                self.wake(&topic);
+            }
+        }
+        result
+    }
+
+    /// Webhook intake: resolves the source, verifies the signature (first),
+    /// extracts the envelope, checks it ([`crate::accept`]), stores durably.
+    /// The caller answers 2xx only on `Ok`.
+    pub async fn ingest_webhook(
+        &self,
+        source: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Inserted, IntakeError> {
+        let implicit;
+        let spec = match self.inner.sources.get(source) {
+            Some(s) => s,
+            None if self.inner.accept_undeclared && valid_source_name(source) => {
+                implicit = SourceSpec::new(source, source);
+                &implicit
+            }
+            None => return Err(IntakeError::UnknownSource(source.to_string())),
+        };
+        intake::verify::check(spec, headers, &body)?;
+        let topic = self.spec_or_default(&spec.topic);
+        let event = intake::build_event(spec, &topic, headers, body)?;
+        let accepted = admit(&topic, event).map_err(|refused| {
+            let key_field = spec.key.as_ref().or(topic.key.as_ref());
+            match key_field {
+                Some(f) => refused.with_key_hint(intake::describe(f)),
+                None => refused.with_key_hint("the topic has no key configured"),
+            }
+        })?;
+        Ok(self.insert(accepted).await?)
+    }
+}
+
+/// [`accept::check`], counting a refusal as a `rejected` intake.
+fn admit(topic: &TopicSpec, event: NewEvent) -> Result<Accepted, Refused> {
+    let (source, name) = (event.source.clone(), event.topic.clone());
+    accept::check(topic, event)
+        .map(Accepted)
+        .inspect_err(|refused| {
+            tracing::debug!(source = %source, topic = %name, reason = %refused, "event refused");
+            count_received(&source, &name, "rejected");
+        })
+}
+
+fn count_received(source: &str, topic: &str, outcome: &'static str) {
+    metrics::counter!(crate::metrics::EVENTS_RECEIVED, "source" => source.to_owned(), "topic" => topic.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+fn valid_source_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
