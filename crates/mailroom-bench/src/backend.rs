@@ -12,7 +12,7 @@ use mailroom::{
     ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
     NewEvent, Page, PurgeReport, Retention, Store, TopicStats, TopicStream,
 };
-use mailroom_postgres::{PostgresOptions, PostgresStore};
+use mailroom_postgres::{PostgresOptions, PostgresStore, redact};
 use mailroom_sqlite::{SqliteOptions, SqliteStore};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
@@ -286,20 +286,6 @@ pub fn with_database(url: &str, db: &str) -> anyhow::Result<String> {
     };
     let authority = before_query.split('/').next().unwrap_or_default();
     Ok(format!("{scheme}://{authority}/{db}{query}"))
-}
-
-/// `url` without its password.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// The prefix of every database this process creates.
@@ -620,7 +606,6 @@ mod tests {
             with_database("postgres://h", "b1").unwrap(),
             "postgres://h/b1"
         );
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(
             postgres_kind("postgres: walwriter", "b_").as_deref(),
             Some("pg walwriter")

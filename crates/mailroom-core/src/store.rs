@@ -67,6 +67,25 @@ pub struct Page {
     pub next_cursor: Option<KeyCursor>,
 }
 
+impl Page {
+    /// The page of `limit` events out of `events` read with `limit + 1`
+    /// (newest first): the extra one, if it came, only says that a next
+    /// page exists, which starts after the page's last event.
+    pub fn from_overfetch(mut events: Vec<Event>, limit: u32) -> Page {
+        let limit = limit as usize;
+        let next_cursor = if events.len() > limit {
+            events.truncate(limit);
+            events.last().map(|e| KeyCursor(e.id))
+        } else {
+            None
+        };
+        Page {
+            events,
+            next_cursor,
+        }
+    }
+}
+
 /// Per-topic numbers for `status`, `/v1/stats`, metrics and alerts.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TopicStats {
@@ -272,3 +291,46 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
 /// A stream of topic names (see [`Store::notifications`]).
 pub type TopicStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = String> + Send>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(n: usize) -> Vec<Event> {
+        (0..n)
+            .map(|i| Event {
+                id: EventId::new(),
+                source: "s".into(),
+                topic: "t".into(),
+                dedup_key: i.to_string(),
+                key: None,
+                event_type: None,
+                status: Status::Pending,
+                attempts: 0,
+                max_attempts: 1,
+                next_attempt_at: None,
+                received_at: Timestamp::UNIX_EPOCH,
+                correlation_id: None,
+                causation_id: None,
+                content_type: None,
+                payload: None,
+                last_error: None,
+                lease_until: None,
+                history: Vec::new(),
+            })
+            .collect()
+    }
+
+    /// A listing read with one event more than the page holds has a next
+    /// page starting after the page's last event; one that came short has none.
+    #[test]
+    fn a_page_has_a_next_cursor_only_when_more_events_came() {
+        let read = events(4);
+        let page = Page::from_overfetch(read.clone(), 3);
+        assert_eq!(page.events, read[..3]);
+        assert_eq!(page.next_cursor, Some(KeyCursor(read[2].id)));
+        let page = Page::from_overfetch(read[..3].to_vec(), 3);
+        assert_eq!((page.events.len(), page.next_cursor), (3, None));
+        assert_eq!(Page::from_overfetch(Vec::new(), 3).next_cursor, None);
+    }
+}

@@ -65,14 +65,7 @@ impl Completer {
 
 async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < group {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    while crate::writer::next_group(&mut rx, &mut batch, group).await {
         let items: Vec<_> = batch
             .iter()
             .map(|job| (job.id, job.token, &job.completion))

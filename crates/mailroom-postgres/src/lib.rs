@@ -37,7 +37,7 @@ mod store;
 mod writer;
 
 pub use listen::ANY_TOPIC;
-pub use options::PostgresOptions;
+pub use options::{PostgresOptions, redact};
 pub use store::PostgresStore;
 
 /// The channel `mailroom.enqueue` and every insert notify, with the topic as payload.

@@ -68,8 +68,9 @@ impl PostgresOptions {
     }
 }
 
-/// `url` without its password, for error messages.
-fn redact(url: &str) -> String {
+/// `url` with its password masked (`postgres://user:***@host/db`), for
+/// error messages and logs.
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];

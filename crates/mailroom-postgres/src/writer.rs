@@ -70,6 +70,27 @@ impl Writer {
     }
 }
 
+/// Waits for the next job, then takes the ones already queued behind it, up
+/// to `group` in all, into `batch`: what one transaction will carry.
+/// `false` once every sender is gone and the queue is drained.
+pub(crate) async fn next_group<T>(
+    rx: &mut mpsc::Receiver<T>,
+    batch: &mut Vec<T>,
+    group: usize,
+) -> bool {
+    let Some(first) = rx.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    while batch.len() < group {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    true
+}
+
 /// After the database proved unreachable, inserts fail at once for this long
 /// instead of each waiting out the pool's acquire timeout in turn (senders get
 /// a prompt 503 and retry); then the next group probes it again.
@@ -78,14 +99,7 @@ const FAIL_FAST: std::time::Duration = std::time::Duration::from_secs(1);
 async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: Arc<AtomicU64>) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);
     let mut down_since: Option<std::time::Instant> = None;
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < group {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    while next_group(&mut rx, &mut batch, group).await {
         if down_since.is_some_and(|t| t.elapsed() < FAIL_FAST) {
             for job in batch.drain(..) {
                 let _ = job.reply.send(Err(StoreError::Unavailable(

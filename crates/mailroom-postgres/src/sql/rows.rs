@@ -313,20 +313,11 @@ pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
         .fetch_all(pool)
         .await
         .map_err(db(CTX))?;
-    let mut events: Vec<Event> = events_from_rows(&rows)?
+    let events: Vec<Event> = events_from_rows(&rows)?
         .into_iter()
         .map(|(_, e)| e)
         .collect();
-    let next_cursor = if events.len() > limit as usize {
-        events.truncate(limit as usize);
-        events.last().map(|e| KeyCursor(e.id))
-    } else {
-        None
-    };
-    Ok(Page {
-        events,
-        next_cursor,
-    })
+    Ok(Page::from_overfetch(events, limit))
 }
 
 /// The `seq` a listing cursor stands for.

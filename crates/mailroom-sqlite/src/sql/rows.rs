@@ -151,20 +151,11 @@ pub(crate) fn list(conn: &Connection, filter: &ListFilter) -> Result<Page> {
         params.len()
     );
     let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
-    let mut events: Vec<Event> = query_events(conn, &sql, &refs, CTX)?
+    let events: Vec<Event> = query_events(conn, &sql, &refs, CTX)?
         .into_iter()
         .map(|(_, e)| e)
         .collect();
-    let next_cursor = if events.len() > limit as usize {
-        events.truncate(limit as usize);
-        events.last().map(|e| KeyCursor(e.id))
-    } else {
-        None
-    };
-    Ok(Page {
-        events,
-        next_cursor,
-    })
+    Ok(Page::from_overfetch(events, limit))
 }
 
 /// The `seq` a listing cursor stands for.
