@@ -153,6 +153,13 @@ pub struct PurgeReport {
 /// - Claims never hand one event to two concurrent callers; where several
 ///   instances share a store, [`try_lead`](Store::try_lead) elects one to
 ///   run maintenance.
+/// - Errors say what happened, not how: an id never stored is
+///   [`NotFound`](crate::StoreError::NotFound) (and `get` answers `None`),
+///   an event in the wrong state for the operation is a
+///   [`Conflict`](crate::StoreError::Conflict) that changes nothing, and
+///   [`Unavailable`](crate::StoreError::Unavailable) or
+///   [`Overloaded`](crate::StoreError::Overloaded) mean nothing was
+///   committed, so the caller may retry.
 ///
 /// The methods by role: setup ([`migrate`](Store::migrate),
 /// [`now`](Store::now)); the hot path of intake and dispatch
@@ -258,7 +265,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// (its `limit` and `cursor` are ignored). Returns how many.
     async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64>;
 
-    /// Marks a `dead` event `skipped` so its key unblocks.
+    /// Marks a `dead` event `skipped` so its key unblocks; any other status
+    /// is a [`Conflict`](crate::StoreError::Conflict).
     async fn skip(&self, id: EventId) -> Result<Event>;
 
     // Maintenance.
