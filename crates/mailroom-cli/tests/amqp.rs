@@ -770,3 +770,60 @@ amqp = {{ queue = "never.consumed" }}
             "amqp": [{"connection": format!("amqp://127.0.0.1:{port}/%2f"), "up": false}]})
     );
 }
+
+/// Events already due when `serve` starts (enqueued in PostgreSQL while it
+/// was stopped) are published on their first attempt: dispatch waits for
+/// the AMQP connection instead of failing them with "connection down".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_due_at_start_are_published_on_their_first_attempt() {
+    let b = unique("cli-due");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[amqp]
+url = "{url}"
+[[amqp.exchange]]
+name = "{b}.events"
+kind = "topic"
+[[amqp.queue]]
+name = "{b}.orders"
+bind = {{ exchange = "{b}.events", routing_key = "order.*" }}
+
+[[topic]]
+name = "outbox"
+handler = {{ amqp = {{ exchange = "{b}.events", routing_key = "{{type}}" }} }}
+"#,
+            url = amqp_url()
+        ),
+    );
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let (ok, _, err) = run_mailroom(&config, &db, &["migrate"], Duration::from_secs(30));
+    assert!(ok, "{err}");
+    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
+    for i in 0..20 {
+        sqlx::query("SELECT mailroom.enqueue('outbox', 'order.created', NULL, $1::jsonb, $2)")
+            .bind(serde_json::json!({ "n": i }).to_string())
+            .bind(format!("{b}-due-{i}"))
+            .execute(&pool)
+            .await
+            .expect("enqueue");
+    }
+    let serve = start_serve(&config, &db);
+    let conn = connect().await;
+    let queue = format!("{b}.orders");
+    eventually(15, "all 20 are published", || async {
+        ready(&conn, &queue).await == 20
+    })
+    .await;
+    let attempts: Vec<i64> = sqlx::query_scalar(
+        "SELECT attempts::bigint FROM mailroom.events WHERE topic = 'outbox' ORDER BY attempts",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("attempts");
+    assert_eq!(attempts, vec![1; 20], "each published on its first attempt");
+    drop(serve);
+    cleanup(&conn, &[queue], &[format!("{b}.events")]).await;
+}

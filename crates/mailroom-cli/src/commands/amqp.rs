@@ -8,7 +8,7 @@ use crate::table::render;
 use crate::{AmqpCommand, Cli};
 use anyhow::{Context, Result, anyhow, bail};
 use mailroom::Engine;
-use mailroom_amqp::{AmqpError, Declared, declare_at, redact};
+use mailroom_amqp::{AmqpError, AmqpStatus, Declared, declare_at, redact};
 use mailroom_config::{AmqpPlan, Topology};
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -16,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a start-up or CLI declare may wait for the broker.
 const DECLARE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long `serve` holds dispatch back for its AMQP connections to come up.
+pub(super) const CONNECT_GRACE: Duration = Duration::from_secs(5);
 
 pub(super) async fn run(cli: &Cli, command: &AmqpCommand, json: bool) -> Result<()> {
     match command {
@@ -90,9 +93,22 @@ pub(super) async fn declare_before_serve(plan: &AmqpPlan) -> Result<()> {
 pub(super) struct Running {
     tasks: JoinSet<()>,
     stop: CancellationToken,
+    statuses: Vec<AmqpStatus>,
 }
 
 impl Running {
+    /// Waits until every connection is up, for at most `limit`: events
+    /// already due should not be first attempted on a handler whose channel
+    /// is still opening (a wasted attempt of their budget). A broker that
+    /// stays down is logged by its connection; `serve` goes on.
+    pub(super) async fn wait_up(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.statuses.iter().all(AmqpStatus::is_up) && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Stops every connection (consumers cancel, deliveries in flight are
     /// stored and acked, unacked ones return to their queues) and waits.
     pub(super) async fn stop(mut self) {
@@ -115,8 +131,10 @@ pub(super) fn start(
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let mut dependencies = vec![];
+    let mut statuses = vec![];
     for conn in connections {
         let status = conn.status();
+        statuses.push(status.clone());
         dependencies.push(mailroom_server::Dependency {
             kind: "amqp",
             name: status.name().to_string(),
@@ -124,7 +142,12 @@ pub(super) fn start(
         });
         tasks.spawn(conn.run(stop.clone()));
     }
-    Ok((Running { tasks, stop }, dependencies))
+    let running = Running {
+        tasks,
+        stop,
+        statuses,
+    };
+    Ok((running, dependencies))
 }
 
 fn print_declared(url: &str, d: &Declared) {

@@ -59,7 +59,14 @@ async fn serve(config: Config) -> Result<()> {
         },
     );
     let server = mailroom_server::serve_with(listener, router, shutdown.clone(), &limits);
-    let (served, ()) = tokio::join!(server, engine.run(shutdown.clone()));
+    // Dispatch starts once the AMQP connections are up (or after a few
+    // seconds without them), so due events are not first attempted on a
+    // handler whose channel is still opening; intake starts at once.
+    let dispatch = async {
+        brokers.wait_up(amqp::CONNECT_GRACE).await;
+        engine.run(shutdown.clone()).await;
+    };
+    let (served, ()) = tokio::join!(server, dispatch);
     // After the engine: AMQP handlers publish until its last attempt ends.
     brokers.stop().await;
     let _ = upkeep.await;
