@@ -65,7 +65,7 @@ async fn declare_once(url: &str, plan: &AmqpPlan) -> Result<Declared> {
 /// exists with other arguments, a missing exchange...) stops `serve`: the
 /// operator must fix the config or the broker. An unreachable broker does
 /// not: the connection declares it once the broker answers.
-pub(super) async fn declare_before_serve(plan: &AmqpPlan) -> Result<()> {
+pub(super) async fn declare_before_serve(plan: &AmqpPlan, origin: &str) -> Result<()> {
     let Some(url) = plan.url.as_deref() else {
         return Ok(());
     };
@@ -76,7 +76,7 @@ pub(super) async fn declare_before_serve(plan: &AmqpPlan) -> Result<()> {
             Ok(())
         }
         Some(Err(e)) if e.is_refused() => Err(anyhow!(e)).with_context(|| {
-            format!("the broker {name} refused the [amqp] topology; mailroom does not start")
+            format!("{origin}: [amqp] on {name}: refused by the broker, so mailroom does not start")
         }),
         Some(Err(e)) => {
             tracing::warn!(connection = %name, error = %e, "cannot declare [amqp] yet; it is declared when the broker answers");

@@ -32,7 +32,7 @@ async fn serve(config: Config) -> Result<()> {
         .context("cannot install the metrics recorder")?;
     let mut topology = Topology::from_config(&config)?;
     let plan = std::mem::take(&mut topology.amqp);
-    amqp::declare_before_serve(&plan).await?;
+    amqp::declare_before_serve(&plan, &config.origin).await?;
     let store = open(&config).await?;
     let engine = topology
         .into_builder(store)
