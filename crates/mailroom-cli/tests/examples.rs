@@ -8,11 +8,17 @@ use std::process::Command;
 /// `mailroom --config <file> config check --json` with the variables the
 /// examples reference set; the parsed answer.
 fn check(file: &str) -> serde_json::Value {
+    serde_json::from_str(&check_output(file, &["--json"])).expect("JSON answer")
+}
+
+/// `mailroom --config <file> config check [extra]`'s standard output.
+fn check_output(file: &str, extra: &[&str]) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new(env!("CARGO_BIN_EXE_mailroom"))
         .arg("--config")
         .arg(root.join(file))
-        .args(["config", "check", "--json"])
+        .args(["config", "check"])
+        .args(extra)
         .env_remove("MAILROOM_CONFIG")
         .env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
         .env("AMQP_PASSWORD", "pw")
@@ -25,7 +31,7 @@ fn check(file: &str) -> serde_json::Value {
         "{file}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("JSON answer")
+    String::from_utf8(out.stdout).expect("UTF-8")
 }
 
 /// `examples/rabbitmq`: one topic exchange, three queues bound by routing
@@ -73,4 +79,26 @@ fn the_annotated_example_has_the_amqp_parts() {
     );
     assert_eq!(amqp["sources"][0]["queue"], "simulacoes.created");
     assert_eq!(amqp["handlers"][0]["routing_key"], "{type}");
+}
+
+/// The text answer lists the topology and what `serve` will run on RabbitMQ,
+/// and never the broker password.
+#[test]
+fn config_check_shows_the_amqp_sources_and_handlers_it_will_run() {
+    let text = check_output("examples/rabbitmq/mailroom.toml", &[]);
+    for line in [
+        "amqp    amqp://127.0.0.1:5672/%2f",
+        "exchange shop.events (topic, durable)",
+        "queue shop.payments (durable, ttl 7d, dead letters -> shop.events.dlx -> shop.payments.dlq",
+        "source  amqp amqp://127.0.0.1:5672/%2f queue shop.orders -> orders (prefetch 50, ack after commit)",
+        "handler outbox -> amqp amqp://127.0.0.1:5672/%2f exchange \"shop.events\" routing key \"{type}\"",
+        "topic   outbox (single, concurrency 32, 10 attempts, timeout 30s, handler: amqp)",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    assert!(!text.contains("guest"), "{text}");
+    assert!(
+        !text.contains("POST /webhooks/orders"),
+        "an AMQP source is not a webhook: {text}"
+    );
 }
