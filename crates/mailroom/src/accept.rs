@@ -1,7 +1,8 @@
 //! The one rule set an incoming event must satisfy for its topic before it
 //! is stored, whatever its door: webhooks ([`Engine::ingest_webhook`]),
 //! `POST /v1/events`, the library ([`Engine::enqueue`]) and AMQP sources
-//! all pass their [`NewEvent`] through [`check`].
+//! all pass their [`NewEvent`] through this module's `check` (reached as
+//! [`Engine::accept`]).
 //!
 //! - The topic is declared ([`Engine::enqueue`]; a webhook source's topic
 //!   always exists, SPEC §12).
@@ -20,6 +21,7 @@
 //!
 //! [`Engine::ingest_webhook`]: crate::Engine::ingest_webhook
 //! [`Engine::enqueue`]: crate::Engine::enqueue
+//! [`Engine::accept`]: crate::Engine::accept
 
 use crate::topology::TopicSpec;
 use mailroom_core::{Mode, NewEvent};
@@ -76,7 +78,7 @@ impl Refused {
 
 /// Applies `topic`'s rules to `event`: fills in the topic's `default_key`
 /// and attempt budget, then refuses what the topic cannot take.
-pub fn check(topic: &TopicSpec, mut event: NewEvent) -> Result<NewEvent, Refused> {
+pub(crate) fn check(topic: &TopicSpec, mut event: NewEvent) -> Result<NewEvent, Refused> {
     if event.key.is_none() {
         event.key.clone_from(&topic.default_key);
     }

@@ -55,6 +55,15 @@ pub mod topology;
 
 pub use accept::Refused;
 pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder, EnqueueError};
-pub use mailroom_core::*;
+// The domain and the storage contract, as a user of the engine (or the
+// writer of a store) meets them; `mailroom-core`'s module tree stays there.
+pub use mailroom_core::{
+    Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
+    BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
+    Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome, Page, PurgeReport, Result,
+    Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Timestamp, TopicStats,
+    TopicStream,
+};
+pub use mailroom_core::{alert, duration, event};
 pub use open::open_store;
 pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

@@ -81,7 +81,7 @@ impl HttpHandler {
 }
 
 /// `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`.
-pub fn standard_webhooks_signature(key: &[u8], id: &str, ts: i64, body: &[u8]) -> String {
+pub(crate) fn standard_webhooks_signature(key: &[u8], id: &str, ts: i64, body: &[u8]) -> String {
     // HMAC accepts keys of any length, so this cannot fail.
     let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
         Ok(m) => m,

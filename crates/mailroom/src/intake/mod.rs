@@ -7,7 +7,7 @@
 //! ([`crate::accept`]), as events from every other door do, and only then
 //! does the engine insert and acknowledge.
 
-pub mod verify;
+pub(crate) mod verify;
 
 use crate::topology::{Field, SourceSpec, TopicSpec};
 use bytes::Bytes;
@@ -44,9 +44,10 @@ pub enum IntakeError {
     Store(#[from] mailroom_core::StoreError),
 }
 
-/// Reads the request into a [`NewEvent`] for `topic`. Verification is the
-/// caller's first step ([`verify::check`]); this only extracts fields, and
-/// the caller then applies the topic's rules ([`crate::accept::check`]).
+/// Reads the request into a [`NewEvent`] for `topic`: the extraction step
+/// of [`Engine::ingest_webhook`](crate::Engine::ingest_webhook), which
+/// verifies the signature before it and applies the topic's rules
+/// ([`accept`](crate::accept)) after it. Public for the fuzz target.
 pub fn build_event(
     source: &SourceSpec,
     topic: &TopicSpec,

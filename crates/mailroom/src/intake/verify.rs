@@ -8,7 +8,11 @@ use http::HeaderMap;
 
 /// Verification comes first (SPEC §12): a request that fails gets 401 and
 /// learns nothing about stored events.
-pub fn check(source: &SourceSpec, headers: &HeaderMap, body: &[u8]) -> Result<(), IntakeError> {
+pub(crate) fn check(
+    source: &SourceSpec,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), IntakeError> {
     match &source.verifier {
         None => Ok(()),
         Some(v) => v
