@@ -61,6 +61,10 @@ pub enum BuildError {
     UnknownTopic(String),
 }
 
+/// The shortest polling, maintenance or alert period the builder takes:
+/// shorter asked periods are raised to it, so a zero cannot spin a loop.
+const MIN_PERIOD: Duration = Duration::from_millis(10);
+
 /// Assembles an [`Engine`].
 #[derive(Debug)]
 pub struct EngineBuilder {
@@ -112,13 +116,13 @@ impl EngineBuilder {
     /// The polling fallback (default 1 s): the longest an idle topic waits
     /// before looking for work written by another process.
     pub fn poll_interval(mut self, d: Duration) -> Self {
-        self.poll = d.max(Duration::from_millis(10));
+        self.poll = d.max(MIN_PERIOD);
         self
     }
 
     /// How often expired leases are rescued (default 1 s).
     pub fn maintenance_period(mut self, d: Duration) -> Self {
-        self.maintenance_period = d.max(Duration::from_millis(10));
+        self.maintenance_period = d.max(MIN_PERIOD);
         self
     }
 
@@ -138,7 +142,7 @@ impl EngineBuilder {
 
     /// How often maintenance evaluates the alerts (default 10 s).
     pub fn alert_interval(mut self, d: Duration) -> Self {
-        self.alert_every = d.max(Duration::from_millis(10));
+        self.alert_every = d.max(MIN_PERIOD);
         self
     }
 
