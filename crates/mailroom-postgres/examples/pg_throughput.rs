@@ -30,10 +30,30 @@ async fn main() {
 
     let started = Instant::now();
     let commits_before = store.commits();
+    insert(&store, &topic, n).await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "insert: {n} events in {secs:.2}s = {:.0}/s ({} commits)",
+        n as f64 / secs,
+        store.commits() - commits_before
+    );
+
+    let started = Instant::now();
+    let drained = drain(&store, &topic, workers, batch).await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "drain: {drained} events in {secs:.2}s = {:.0}/s ({workers} workers, claim batch {batch})",
+        drained as f64 / secs
+    );
+}
+
+/// `n` events into `topic` from 64 concurrent tasks (so group commit has
+/// company to group).
+async fn insert(store: &PostgresStore, topic: &str, n: usize) {
     let mut tasks = tokio::task::JoinSet::new();
     let per_task = n.div_ceil(64);
     for t in 0..64 {
-        let (s, topic) = (store.clone(), topic.clone());
+        let (s, topic) = (store.clone(), topic.to_string());
         tasks.spawn(async move {
             for i in (t * per_task)..((t + 1) * per_task).min(n) {
                 let e = NewEvent {
@@ -54,25 +74,22 @@ async fn main() {
         });
     }
     tasks.join_all().await;
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "insert: {n} events in {secs:.2}s = {:.0}/s ({} commits)",
-        n as f64 / secs,
-        store.commits() - commits_before
-    );
+}
 
-    let started = Instant::now();
+/// `workers` tasks claiming up to `batch` events of `topic` at a time and
+/// completing each, until nothing is left; how many were drained.
+async fn drain(store: &PostgresStore, topic: &str, workers: usize, batch: u32) -> usize {
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..workers {
-        let (s, topic) = (store.clone(), topic.clone());
+        let s = store.clone();
+        let req = ClaimRequest {
+            topic: topic.to_string(),
+            worker: format!("w{w}"),
+            max: batch,
+            lease: Duration::from_secs(30),
+            per_key: None,
+        };
         tasks.spawn(async move {
-            let req = ClaimRequest {
-                topic,
-                worker: format!("w{w}"),
-                max: batch,
-                lease: Duration::from_secs(30),
-                per_key: None,
-            };
             let mut done = 0usize;
             loop {
                 let claimed = s.claim(&req).await.expect("claim");
@@ -90,12 +107,7 @@ async fn main() {
             }
         });
     }
-    let drained: usize = tasks.join_all().await.into_iter().sum();
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "drain: {drained} events in {secs:.2}s = {:.0}/s ({workers} workers, claim batch {batch})",
-        drained as f64 / secs
-    );
+    tasks.join_all().await.into_iter().sum()
 }
 
 /// Runs the futures concurrently on this task's runtime and collects their outputs.

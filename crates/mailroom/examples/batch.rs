@@ -3,52 +3,24 @@
 //!
 //! Run: `cargo run -p mailroom --example batch`
 
+mod common;
+
 use mailroom::handler::batch_handler_fn;
-use mailroom::{BatchSettings, Draft, Engine, Event, Mode, Outcome, Status, TopicSpec};
+use mailroom::{BatchSettings, Draft, Engine, Event, Mode, Outcome, TopicSpec};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let store = mailroom::open_store(
-        &format!("sqlite://{}", dir.path().join("batch.db").display()),
-        true,
-    )
-    .await?;
-    store.migrate().await?;
-
-    let engine = Engine::builder(store.clone())
+    let store = common::temp_store(&dir, "batch.db").await?;
+    let engine = Engine::builder(store)
         .topic(TopicSpec::new("sales").mode(Mode::Batch(BatchSettings {
             max_size: 50,
             max_wait: Duration::from_millis(500),
             schedule: None, // e.g. Some("0 0 * * *".into()) for one nightly delivery
             group_by: Some("/shop".into()),
         })))
-        .handler(
-            "sales",
-            batch_handler_fn(|events: Vec<Event>| async move {
-                let total: f64 = events
-                    .iter()
-                    .filter_map(|e| {
-                        serde_json::from_slice::<serde_json::Value>(e.payload.as_deref()?).ok()
-                    })
-                    .filter_map(|v| v["amount"].as_f64())
-                    .sum();
-                let shop = events
-                    .first()
-                    .and_then(|e| {
-                        serde_json::from_slice::<serde_json::Value>(e.payload.as_deref()?).ok()
-                    })
-                    .map(|v| v["shop"].to_string())
-                    .unwrap_or_default();
-                println!(
-                    "batch of {:3} sales for shop {shop}: total {total:.2}",
-                    events.len()
-                );
-                Outcome::Success
-            }),
-        )
+        .handler("sales", batch_handler_fn(report_sales))
         .build()?;
 
     for i in 0..120 {
@@ -60,22 +32,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ))
             .await?;
     }
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run(shutdown).await }
-    });
-    while store
-        .stats()
-        .await?
+    common::run_until_done(&engine, 120).await
+}
+
+/// The batch handler: one shop's sales at a time, summed.
+async fn report_sales(events: Vec<Event>) -> Outcome {
+    let sales: Vec<serde_json::Value> = events
         .iter()
-        .map(|s| s.count(Status::Done))
-        .sum::<u64>()
-        < 120
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    shutdown.cancel();
-    running.await?;
-    Ok(())
+        .filter_map(|e| serde_json::from_slice(e.payload.as_deref()?).ok())
+        .collect();
+    let total: f64 = sales.iter().filter_map(|v| v["amount"].as_f64()).sum();
+    let shop = sales
+        .first()
+        .map(|v| v["shop"].to_string())
+        .unwrap_or_default();
+    println!(
+        "batch of {:3} sales for shop {shop}: total {total:.2}",
+        events.len()
+    );
+    Outcome::Success
 }

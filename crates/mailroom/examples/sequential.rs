@@ -4,24 +4,17 @@
 //!
 //! Run: `cargo run -p mailroom --example sequential`
 
+mod common;
+
 use mailroom::handler::handler_fn;
-use mailroom::{
-    Backoff, Draft, Engine, Event, Mode, OnDead, Outcome, RetryPolicy, Status, TopicSpec,
-};
+use mailroom::{Backoff, Draft, Engine, Event, Mode, OnDead, Outcome, RetryPolicy, TopicSpec};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let store = mailroom::open_store(
-        &format!("sqlite://{}", dir.path().join("seq.db").display()),
-        true,
-    )
-    .await?;
-    store.migrate().await?;
-
-    let engine = Engine::builder(store.clone())
+    let store = common::temp_store(&dir, "seq.db").await?;
+    let engine = Engine::builder(store)
         .topic(
             TopicSpec::new("payments")
                 .mode(Mode::Sequential {
@@ -33,29 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     backoff: Backoff::Schedule(vec![Duration::from_millis(300)]),
                 }),
         )
-        .handler(
-            "payments",
-            handler_fn(|e: Event| async move {
-                let body =
-                    String::from_utf8_lossy(e.payload.as_deref().unwrap_or_default()).into_owned();
-                // The first attempt at alice's refund fails: her later events wait for it.
-                if body.contains("refund") && e.attempts == 1 {
-                    println!(
-                        "  {} attempt {}: {body} -> gateway timeout, retrying",
-                        e.key.as_deref().unwrap_or("-"),
-                        e.attempts
-                    );
-                    return Outcome::retry("gateway timeout");
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                println!(
-                    "  {} attempt {}: {body} -> ok",
-                    e.key.as_deref().unwrap_or("-"),
-                    e.attempts
-                );
-                Outcome::Success
-            }),
-        )
+        .handler("payments", handler_fn(pay))
         .build()?;
 
     for (customer, what) in [
@@ -71,22 +42,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
     }
     println!("alice's events run in order even though her refund fails once; bob is not held up:");
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run(shutdown).await }
-    });
-    while store
-        .stats()
-        .await?
-        .iter()
-        .map(|s| s.count(Status::Done))
-        .sum::<u64>()
-        < 6
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    common::run_until_done(&engine, 6).await
+}
+
+/// The handler: the first attempt at alice's refund fails, and her later
+/// events wait for it.
+async fn pay(e: Event) -> Outcome {
+    let body = String::from_utf8_lossy(e.payload.as_deref().unwrap_or_default()).into_owned();
+    let customer = e.key.as_deref().unwrap_or("-");
+    if body.contains("refund") && e.attempts == 1 {
+        println!(
+            "  {customer} attempt {}: {body} -> gateway timeout, retrying",
+            e.attempts
+        );
+        return Outcome::retry("gateway timeout");
     }
-    shutdown.cancel();
-    running.await?;
-    Ok(())
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!("  {customer} attempt {}: {body} -> ok", e.attempts);
+    Outcome::Success
 }

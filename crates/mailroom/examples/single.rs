@@ -3,40 +3,22 @@
 //!
 //! Run: `cargo run -p mailroom --example single`
 
+mod common;
+
 use mailroom::handler::handler_fn;
-use mailroom::{Backoff, Draft, Engine, Event, Outcome, RetryPolicy, Status, TopicSpec};
+use mailroom::{Backoff, Draft, Engine, Event, ListFilter, Outcome, RetryPolicy, TopicSpec};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite://{}", dir.path().join("example.db").display());
-    let store = mailroom::open_store(&url, true).await?;
-    store.migrate().await?;
-
-    let engine = Engine::builder(store.clone())
+    let store = common::temp_store(&dir, "example.db").await?;
+    let engine = Engine::builder(store)
         .topic(TopicSpec::new("emails").concurrency(4).retry(RetryPolicy {
             max_attempts: 5,
             backoff: Backoff::Schedule(vec![Duration::from_millis(200)]),
         }))
-        .handler(
-            "emails",
-            handler_fn(|event: Event| async move {
-                if event.attempts == 1 {
-                    return Outcome::retry(
-                        "SMTP server busy (first attempts always fail in this example)",
-                    );
-                }
-                println!(
-                    "sent {} (attempt {}): {}",
-                    event.dedup_key,
-                    event.attempts,
-                    String::from_utf8_lossy(event.payload.as_deref().unwrap_or_default())
-                );
-                Outcome::Success
-            }),
-        )
+        .handler("emails", handler_fn(send_email))
         .build()?;
 
     for n in 1..=3 {
@@ -54,30 +36,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     println!("welcome-1 again: duplicate = {}", again.duplicate);
 
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let engine = engine.clone();
-        let shutdown = shutdown.clone();
-        async move { engine.run(shutdown).await }
-    });
-    loop {
-        let stats = store.stats().await?;
-        if stats.iter().map(|s| s.count(Status::Done)).sum::<u64>() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    shutdown.cancel();
-    running.await?;
+    common::run_until_done(&engine, 3).await?;
+    print_histories(&engine).await
+}
 
-    let page = store
-        .list(&mailroom::ListFilter {
-            limit: 10,
-            ..Default::default()
-        })
-        .await?;
-    for e in page.events {
-        let full = store.get(e.id).await?.ok_or("event vanished")?;
+/// The handler: fails each event's first attempt, so the retry path shows.
+async fn send_email(event: Event) -> Outcome {
+    if event.attempts == 1 {
+        return Outcome::retry("SMTP server busy (first attempts always fail in this example)");
+    }
+    println!(
+        "sent {} (attempt {}): {}",
+        event.dedup_key,
+        event.attempts,
+        String::from_utf8_lossy(event.payload.as_deref().unwrap_or_default())
+    );
+    Outcome::Success
+}
+
+/// Each event's status and the outcomes of its attempts.
+async fn print_histories(engine: &Engine) -> Result<(), Box<dyn std::error::Error>> {
+    let filter = ListFilter {
+        limit: 10,
+        ..Default::default()
+    };
+    for e in engine.list(&filter).await?.events {
+        let full = engine.get(e.id).await?.ok_or("event vanished")?;
         let outcomes: Vec<&str> = full.history.iter().map(|a| a.outcome.as_str()).collect();
         println!("{} {}: history {:?}", full.dedup_key, full.status, outcomes);
     }
