@@ -8,6 +8,7 @@
 use crate::backend::{self, Backend};
 use crate::drain::{self, DrainResult};
 use crate::ingest::{self, ModeResult};
+use crate::stats::fmt_times;
 use crate::{PgArgs, durability_code, print_json};
 use std::process::ExitCode;
 
@@ -128,12 +129,8 @@ fn rate(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
 }
 
-fn times(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v:.2}x"))
-}
-
 fn joined(scales: &[f64]) -> String {
-    let each: Vec<String> = scales.iter().map(|x| format!("{x:.2}x")).collect();
+    let each: Vec<String> = scales.iter().map(|x| fmt_times(Some(*x))).collect();
     each.join(" ")
 }
 
@@ -244,23 +241,23 @@ impl Summary {
         }
         row(
             "postgres x2/x1",
-            times(self.scale_ingest()),
-            times(drain::median(self.round_scales(2))),
+            fmt_times(self.scale_ingest()),
+            fmt_times(drain::median(self.round_scales(2))),
         );
         if let Some(n) = self.ceiling {
             row(
                 &format!("postgres x{n}/x1"),
                 "-".into(),
-                times(drain::median(self.ceiling_scales())),
+                fmt_times(drain::median(self.ceiling_scales())),
             );
         }
         row(
             "postgres/sqlite",
-            times(ratio(
+            fmt_times(ratio(
                 self.ingest_of("postgres", 1),
                 self.ingest_of("sqlite", 1),
             )),
-            times(ratio(
+            fmt_times(ratio(
                 self.drain_of("postgres", 1),
                 self.drain_of("sqlite", 1),
             )),

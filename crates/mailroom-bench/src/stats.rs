@@ -65,6 +65,11 @@ pub fn fmt_cpu(cpu: &BTreeMap<String, f64>) -> String {
     )
 }
 
+/// A ratio as `1.23x`, or `-` where there is no figure.
+pub fn fmt_times(ratio: Option<f64>) -> String {
+    ratio.map_or_else(|| "-".into(), |x| format!("{x:.2}x"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

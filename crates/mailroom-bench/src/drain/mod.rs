@@ -6,9 +6,12 @@
 //! store handle (own connection pool, writer, completer and `LISTEN`
 //! connection, as two processes would have), sharing this process's CPU.
 
+mod report;
+
+pub use report::{print_rounds, print_table};
+
 use crate::backend::{Backend, CallCounts, CountingStore, Fresh, ServerStats, postgres_cpu};
 use crate::procfs;
-use crate::stats::fmt_cpu;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use mailroom::handler::{batch_handler_fn, handler_fn};
@@ -426,110 +429,6 @@ pub fn ratio_vs_single(results: &[DrainResult], r: &DrainResult) -> Option<f64> 
     (single.events_per_sec > 0.0).then(|| r.events_per_sec / single.events_per_sec)
 }
 
-pub fn label(r: &DrainResult) -> String {
-    format!("{} x{}", r.store, r.instances)
-}
-
-/// The settings line shared by every drain printout (after the counts).
-fn describe(s: &Settings) -> String {
-    format!(
-        "body {} B, no-op handlers; single/sequential concurrency {}, sequential over {} keys, batch max_size {} max_wait {} concurrency {}",
-        s.body_size,
-        s.concurrency,
-        s.keys,
-        s.batch_size,
-        mailroom::duration::format(s.batch_wait),
-        s.batch_concurrency,
-    )
-}
-
-/// `1.23x`, or `-` where there is no figure.
-fn times(ratio: Option<f64>) -> String {
-    ratio
-        .map(|x| format!("{x:.2}x"))
-        .unwrap_or_else(|| "-".into())
-}
-
-pub fn print_table(s: &Settings, results: &[DrainResult]) {
-    println!("drain: {} events, {}", s.events, describe(s));
-    println!(
-        "{:<11} {:<12} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8}",
-        "mode",
-        "store",
-        "preload/s",
-        "drain s",
-        "events/s",
-        "vs single",
-        "claims",
-        "ev/claim",
-        "empty",
-        "next_due",
-        "commits",
-        "mr cpu",
-        "pg cpu",
-    );
-    for r in results {
-        println!(
-            "{:<11} {:<12} {:>9.0} {:>9.2} {:>9.0} {:>8} {:>7} {:>8.1} {:>8} {:>8} {:>9} {:>7.0}% {:>8}",
-            r.mode.name(),
-            label(r),
-            r.preload_inserts_per_sec,
-            r.drain_secs,
-            r.events_per_sec,
-            times(ratio_vs_single(results, r)),
-            r.calls.claims,
-            r.calls.claim_size(),
-            r.calls.empty_claims,
-            r.calls.next_due,
-            r.drain_commits,
-            r.cpu.values().sum::<f64>() * 100.0,
-            if r.pg_cpu.is_empty() {
-                "-".to_string()
-            } else {
-                format!("{:.0}%", r.pg_cpu.values().sum::<f64>() * 100.0)
-            },
-        );
-    }
-    for r in results {
-        print_details(r);
-    }
-}
-
-/// A result's commits, claim times, CPU and memory, a line each.
-fn print_details(r: &DrainResult) {
-    let tag = format!("{} {}", r.mode.name(), label(r));
-    println!(
-        "  {tag}: preload {:.2} s ({} insert commits, {:.1}/commit); drain {} commits ({:.1} events/commit), {:.1} KiB/commit to disk here",
-        r.preload_secs,
-        r.preload_commits,
-        r.events as f64 / r.preload_commits.max(1) as f64,
-        r.drain_commits,
-        r.events as f64 / r.drain_commits.max(1) as f64,
-        r.drain_write_bytes as f64 / 1024.0 / r.drain_commits.max(1) as f64,
-    );
-    println!(
-        "  {tag}: claims {:.2} ms each on average (longest {:.1} ms), in claim calls {:.0}% of the drain per instance",
-        r.calls.claim_ms(),
-        r.calls.claim_max_micros as f64 / 1000.0,
-        r.calls.claim_micros as f64 / 1e6 / r.drain_secs / r.instances.max(1) as f64 * 100.0,
-    );
-    println!("  {tag}: cpu mailroom {}", fmt_cpu(&r.cpu));
-    if !r.pg_cpu.is_empty() {
-        println!("  {tag}: cpu postgres {}", fmt_cpu(&r.pg_cpu));
-    }
-    println!(
-        "  {tag}: RSS peak {:.1} MiB, VmHWM {:.1} MiB; done {} / handled {} {:?}; completions {} ({} complete_many calls), store errors {}",
-        r.drain_peak_rss_mib,
-        r.hwm_mib,
-        r.done,
-        r.handled,
-        r.handled_per_instance,
-        r.calls.completes,
-        r.calls.complete_many,
-        r.calls.errors,
-    );
-}
-
 /// The median of `xs` (the mean of the middle two for an even count).
 pub fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.sort_by(f64::total_cmp);
@@ -574,43 +473,4 @@ pub fn medians(rounds: &[Vec<DrainResult>]) -> Vec<MedianResult> {
             }
         })
         .collect()
-}
-
-/// Each round's figures on a line per mode, then the medians.
-pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
-    println!(
-        "drain: {} rounds of {} events each, {}",
-        rounds.len(),
-        s.events,
-        describe(s)
-    );
-    println!(
-        "{:<6} {:<11} {:<12} {:>9} {:>9} {:>9} {:>8}",
-        "round", "mode", "store", "drain s", "events/s", "vs single", "mr cpu"
-    );
-    for (i, round) in rounds.iter().enumerate() {
-        for r in round {
-            println!(
-                "{:<6} {:<11} {:<12} {:>9.2} {:>9.0} {:>9} {:>7.0}%",
-                i + 1,
-                r.mode.name(),
-                label(r),
-                r.drain_secs,
-                r.events_per_sec,
-                times(ratio_vs_single(round, r)),
-                r.cpu.values().sum::<f64>() * 100.0,
-            );
-        }
-    }
-    println!("median over {} rounds:", rounds.len());
-    for m in medians(rounds) {
-        println!(
-            "  {:<11} {:>9.0} events/s  {}",
-            m.mode.name(),
-            m.events_per_sec,
-            m.ratio_vs_single
-                .map(|x| format!("{x:.2}x single (median of the rounds' ratios)"))
-                .unwrap_or_default(),
-        );
-    }
 }
