@@ -555,7 +555,11 @@ impl Store for CountingStore {
         self.inner.replay(id, budget).await
     }
 
-    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> mailroom::Result<u64> {
+    async fn replay_matching(
+        &self,
+        filter: &ListFilter,
+        budget: u32,
+    ) -> mailroom::Result<mailroom::ReplayReport> {
         self.inner.replay_matching(filter, budget).await
     }
 

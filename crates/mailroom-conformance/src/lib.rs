@@ -122,6 +122,8 @@ macro_rules! suite {
             replay_gives_a_fresh_budget_and_attempts_keep_counting,
             replay_of_a_running_event_conflicts,
             replay_matching_replays_only_matching_non_running_events,
+            replay_of_a_purged_event_is_refused,
+            replay_matching_skips_and_counts_purged_events,
             skip_only_from_dead,
             per_key_claims_one_at_a_time_in_arrival_order,
             per_key_dead_head_blocks_with_block,

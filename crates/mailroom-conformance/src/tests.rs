@@ -540,7 +540,7 @@ pub async fn replay_matching_replays_only_matching_non_running_events(s: S) {
         ..ListFilter::default()
     };
     assert_eq!(
-        s.replay_matching(&filter, 2).await.unwrap(),
+        s.replay_matching(&filter, 2).await.unwrap().replayed,
         3,
         "limit is ignored"
     );
@@ -557,7 +557,7 @@ pub async fn replay_matching_replays_only_matching_non_running_events(s: S) {
         }
     }
     assert_eq!(
-        s.replay_matching(&all_orders, 2).await.unwrap(),
+        s.replay_matching(&all_orders, 2).await.unwrap().replayed,
         3,
         "running one skipped"
     );
@@ -864,4 +864,65 @@ pub async fn purge_deletes_rows_past_the_dedup_window(s: S) {
     assert!(s.get(pending).await.unwrap().is_some());
     let again = s.insert(event("orders", "done", None)).await.unwrap();
     assert!(!again.duplicate, "the dedup window has passed");
+}
+
+/// Drops the payloads of done events (dead ones keep theirs) received
+/// before now.
+async fn purge_done_payloads(s: &S) {
+    tick().await;
+    s.purge(Retention {
+        done: Duration::ZERO,
+        dead: HOUR,
+        dedup: HOUR,
+    })
+    .await
+    .unwrap();
+}
+
+/// Replaying an event whose payload retention purged is refused with
+/// `Purged` and changes nothing (its handler would get an empty body); a
+/// dead event whose payload is kept still replays.
+pub async fn replay_of_a_purged_event_is_refused(s: S) {
+    insert(&s, "orders", "done", None).await;
+    let done = finish(&s, "orders", Completion::Done).await;
+    insert(&s, "orders", "dead", None).await;
+    let dead_id = finish(&s, "orders", dead("x")).await;
+    purge_done_payloads(&s).await;
+    let before = s.get(done).await.unwrap().unwrap();
+    assert_eq!(before.payload, None, "purged");
+    match s.replay(done, 3).await {
+        Err(StoreError::Purged(id)) => assert_eq!(id, done),
+        other => panic!("expected Purged, got {other:?}"),
+    }
+    assert_eq!(s.get(done).await.unwrap().unwrap(), before, "unchanged");
+    assert!(claim(&s, &req("orders", 10)).await.is_empty());
+    assert_eq!(s.replay(dead_id, 3).await.unwrap().status, Status::Pending);
+}
+
+/// A bulk replay leaves the events whose payload was purged and counts
+/// them; the others matching are replayed.
+pub async fn replay_matching_skips_and_counts_purged_events(s: S) {
+    for i in 0..2 {
+        insert(&s, "orders", &format!("done-{i}"), None).await;
+        finish(&s, "orders", Completion::Done).await;
+    }
+    insert(&s, "orders", "dead", None).await;
+    let dead_id = finish(&s, "orders", dead("x")).await;
+    purge_done_payloads(&s).await;
+    let all = ListFilter {
+        topic: Some("orders".into()),
+        ..ListFilter::default()
+    };
+    let report = s.replay_matching(&all, 3).await.unwrap();
+    assert_eq!((report.replayed, report.skipped_purged), (1, 2));
+    for e in s.list(&all).await.unwrap().events {
+        let expected = if e.id == dead_id {
+            Status::Pending
+        } else {
+            Status::Done
+        };
+        assert_eq!(e.status, expected, "{}", e.dedup_key);
+    }
+    let claimed = claim(&s, &req("orders", 10)).await;
+    assert_eq!(ids(&claimed), vec![dead_id]);
 }

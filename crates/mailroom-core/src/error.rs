@@ -27,6 +27,11 @@ pub enum StoreError {
     /// replaying an event that is running).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The event's payload was dropped by retention (its row stays for
+    /// deduplication), so it cannot be processed again: replaying it would
+    /// hand its handler an empty body.
+    #[error("event {0} cannot be replayed: its payload was purged by retention")]
+    Purged(crate::EventId),
     /// Stored data could not be decoded. Reported, never silently skipped.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),

@@ -139,6 +139,16 @@ pub struct PurgeReport {
     pub rows_deleted: u64,
 }
 
+/// What a bulk replay ([`Store::replay_matching`]) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReplayReport {
+    /// Events sent back to `pending`.
+    pub replayed: u64,
+    /// Matching events left as they were because retention dropped their
+    /// payload (a replay would hand the handler an empty body).
+    pub skipped_purged: u64,
+}
+
 /// Durable storage of events: the contract every backend implements, and
 /// that the conformance suite (`mailroom-conformance`) checks.
 ///
@@ -258,12 +268,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Sends an event (`dead`, `done`, `skipped` or `pending`) back to
     /// `pending`, due now, with a fresh budget: `max_attempts = attempts +
-    /// budget`. A `running` event is a [`Conflict`](crate::StoreError::Conflict).
+    /// budget`. A `running` event is a [`Conflict`](crate::StoreError::Conflict);
+    /// one whose payload retention dropped ([`purge`](Store::purge)) is
+    /// [`Purged`](crate::StoreError::Purged), and neither changes.
     async fn replay(&self, id: EventId, budget: u32) -> Result<Event>;
 
     /// [`replay`](Store::replay) for every non-running event matching `filter`
-    /// (its `limit` and `cursor` are ignored). Returns how many.
-    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64>;
+    /// (its `limit` and `cursor` are ignored). Events whose payload was
+    /// purged are left as they are and counted in
+    /// [`ReplayReport::skipped_purged`].
+    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<ReplayReport>;
 
     /// Marks a `dead` event `skipped` so its key unblocks; any other status
     /// is a [`Conflict`](crate::StoreError::Conflict).

@@ -8,8 +8,8 @@ use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-    ListFilter, NewEvent, OnDead, Page, PurgeReport, Result, Retention, Store, TopicStats,
-    TopicStream,
+    ListFilter, NewEvent, OnDead, Page, PurgeReport, ReplayReport, Result, Retention, Store,
+    TopicStats, TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -273,7 +273,7 @@ impl Store for PostgresStore {
         sql::replay(self.pool_ref(), id, budget).await
     }
 
-    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64> {
+    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<ReplayReport> {
         sql::replay_matching(self.pool_ref(), filter, budget).await
     }
 

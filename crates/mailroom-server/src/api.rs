@@ -111,8 +111,7 @@ async fn replay_matching(
         key: b.key,
         ..ListFilter::default()
     };
-    let n = s.engine.replay_matching(&filter).await?;
-    Ok(Json(json!({ "replayed": n })))
+    Ok(Json(json!(s.engine.replay_matching(&filter).await?)))
 }
 
 async fn stats(State(s): State<AppState>) -> Result<Json<Value>, Problem> {

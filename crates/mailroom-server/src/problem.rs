@@ -82,7 +82,7 @@ impl IntoResponse for Problem {
 
 impl From<StoreError> for Problem {
     fn from(e: StoreError) -> Self {
-        match e {
+        match &e {
             StoreError::NotFound => Problem::not_found("no such event"),
             StoreError::StaleToken => Problem::new(
                 StatusCode::CONFLICT,
@@ -90,6 +90,9 @@ impl From<StoreError> for Problem {
                 "stale fencing token: the lease was lost",
             ),
             StoreError::Conflict(m) => Problem::new(StatusCode::CONFLICT, "Conflict", m),
+            // 409, not 410: the event is still there (GET shows it); its
+            // state, a purged payload, is what refuses the replay.
+            StoreError::Purged(_) => Problem::new(StatusCode::CONFLICT, "Conflict", e.to_string()),
             StoreError::Invalid(m) => Problem::bad_request(m),
             StoreError::Overloaded => {
                 Problem::unavailable("the write queue is full; retry shortly")

@@ -7,7 +7,8 @@ use crate::writer::{WhenFull, Writer};
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-    ListFilter, NewEvent, Page, PurgeReport, Result, Retention, Store, StoreError, TopicStats,
+    ListFilter, NewEvent, Page, PurgeReport, ReplayReport, Result, Retention, Store, StoreError,
+    TopicStats,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
@@ -211,7 +212,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<u64> {
+    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<ReplayReport> {
         let filter = filter.clone();
         self.write(WhenFull::Wait, move |c, now| {
             sql::replay_matching(c, &filter, budget, now)

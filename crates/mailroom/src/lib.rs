@@ -60,9 +60,9 @@ pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder,
 pub use mailroom_core::{
     Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
     BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
-    Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome, Page, PurgeReport, Result,
-    Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Timestamp, TopicStats,
-    TopicStream,
+    Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome, Page, PurgeReport,
+    ReplayReport, Result, Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError,
+    Timestamp, TopicStats, TopicStream,
 };
 pub use mailroom_core::{alert, duration, event};
 pub use open::open_store;

@@ -59,11 +59,17 @@ async fn matching(engine: &Engine, filter: Filter, json: bool) -> Result<()> {
         key: filter.key,
         ..ListFilter::default()
     };
-    let n = engine.replay_matching(&filter).await?;
+    let report = engine.replay_matching(&filter).await?;
     if json {
-        outln!("{}", serde_json::json!({ "replayed": n }));
+        outln!("{}", serde_json::json!(report));
     } else {
-        outln!("{n} events are pending again");
+        outln!("{} events are pending again", report.replayed);
+        if report.skipped_purged > 0 {
+            outln!(
+                "{} skipped: their payload was purged by retention",
+                report.skipped_purged
+            );
+        }
     }
     Ok(())
 }

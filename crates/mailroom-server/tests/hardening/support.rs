@@ -123,7 +123,11 @@ impl Store for Wrapped {
     async fn replay(&self, id: EventId, budget: u32) -> StoreResult<Event> {
         self.inner.replay(id, budget).await
     }
-    async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> StoreResult<u64> {
+    async fn replay_matching(
+        &self,
+        filter: &ListFilter,
+        budget: u32,
+    ) -> StoreResult<mailroom::ReplayReport> {
         self.inner.replay_matching(filter, budget).await
     }
     async fn skip(&self, id: EventId) -> StoreResult<Event> {

@@ -1,9 +1,9 @@
 //! Retries with backoff, dead letters and replay, observed through `/v1`.
 
-use crate::support::{outcomes, start};
+use crate::support::{expect_problem, outcomes, start};
 use mailroom::handler::handler_fn;
 use mailroom::{Backoff, Engine, Event, Outcome, RetryPolicy, SourceSpec, TopicSpec};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -147,4 +147,46 @@ async fn dead_event_replays_with_a_fresh_budget_and_continued_numbering() {
         "the handler saw the 4th attempt after the replay"
     );
     server.stop().await;
+}
+
+/// An event whose payload retention purged cannot be replayed: `POST
+/// /v1/events/{id}/replay` answers a 409 problem naming the purge and the
+/// event stays done; `POST /v1/replay` leaves it and counts it in
+/// `skipped_purged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_event_is_not_replayed() {
+    let server = start(|store| {
+        Engine::builder(store)
+            .topic(TopicSpec::new("work"))
+            .source(SourceSpec::new("work", "work"))
+            .handler("work", handler_fn(|_: Event| async { Outcome::Success }))
+    })
+    .await;
+    let id = server.accept("work", "w-1", &json!({"n": 1})).await;
+    server.event_with_status(&id, "done").await;
+    let report = server.engine.purge(Duration::ZERO).await.expect("purge");
+    assert_eq!(report.payloads_dropped, 1);
+
+    let resp = server
+        .http
+        .post(server.url(&format!("/v1/events/{id}/replay")))
+        .send()
+        .await
+        .expect("post");
+    let p = expect_problem(resp, 409).await;
+    assert!(
+        p["detail"].as_str().is_some_and(|d| d.contains("purged")),
+        "{p}"
+    );
+    let bulk = server
+        .http
+        .post(server.url("/v1/replay"))
+        .json(&json!({"topic": "work", "status": "done"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(bulk.status(), 200);
+    let bulk: Value = bulk.json().await.expect("json");
+    assert_eq!(bulk, json!({"replayed": 0, "skipped_purged": 1}));
+    assert_eq!(server.event(&id).await["status"], "done");
 }

@@ -3,10 +3,11 @@
 
 use super::db;
 use super::rows::{event_by_id, filter_sql, get};
-use mailroom_core::{Event, EventId, ListFilter, Result, Status, StoreError};
+use mailroom_core::{Event, EventId, ListFilter, ReplayReport, Result, Status, StoreError};
 use rusqlite::{Connection, ToSql};
 
-/// Sends a non-running event back to `pending` with `budget` more attempts.
+/// Sends a non-running event back to `pending` with `budget` more attempts,
+/// unless retention purged its payload (`payload IS NULL`).
 pub(crate) fn replay(conn: &Connection, id: EventId, budget: u32, now: i64) -> Result<Event> {
     const CTX: &str = "replaying an event";
     let Some((seq, event)) = event_by_id(conn, id)? else {
@@ -16,6 +17,9 @@ pub(crate) fn replay(conn: &Connection, id: EventId, budget: u32, now: i64) -> R
         return Err(StoreError::Conflict(format!(
             "event {id} is running; wait for its attempt to end"
         )));
+    }
+    if event.payload.is_none() {
+        return Err(StoreError::Purged(id));
     }
     conn.prepare_cached(
         "UPDATE events
@@ -29,14 +33,24 @@ pub(crate) fn replay(conn: &Connection, id: EventId, budget: u32, now: i64) -> R
     get(conn, id)?.ok_or(StoreError::NotFound)
 }
 
-/// [`replay`] for every non-running event matching `filter`; returns how many.
+/// [`replay`] for every non-running event matching `filter` whose payload
+/// is still stored; counts the purged ones it leaves.
 pub(crate) fn replay_matching(
     conn: &Connection,
     filter: &ListFilter,
     budget: u32,
     now: i64,
-) -> Result<u64> {
+) -> Result<ReplayReport> {
+    const CTX: &str = "replaying events";
     let (cond, mut params) = filter_sql(filter);
+    let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
+    let skipped_purged: i64 = conn
+        .prepare_cached(&format!(
+            "SELECT COUNT(*) FROM events WHERE status <> 'running' AND payload IS NULL{cond}"
+        ))
+        .map_err(db(CTX))?
+        .query_row(&refs[..], |r| r.get(0))
+        .map_err(db(CTX))?;
     params.push(Box::new(budget));
     params.push(Box::new(now));
     let n = params.len();
@@ -44,16 +58,19 @@ pub(crate) fn replay_matching(
         "UPDATE events
          SET status = 'pending', max_attempts = MIN(attempts + ?{}, 4294967295), next_attempt_at = ?{n},
              lease_until = NULL
-         WHERE status <> 'running'{cond}",
+         WHERE status <> 'running' AND payload IS NOT NULL{cond}",
         n - 1
     );
     let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
-    let changed = conn
+    let replayed = conn
         .prepare_cached(&sql)
-        .map_err(db("replaying events"))?
+        .map_err(db(CTX))?
         .execute(&refs[..])
-        .map_err(db("replaying events"))?;
-    Ok(changed as u64)
+        .map_err(db(CTX))?;
+    Ok(ReplayReport {
+        replayed: replayed as u64,
+        skipped_purged: skipped_purged.unsigned_abs(),
+    })
 }
 
 /// Marks a dead event `skipped`.

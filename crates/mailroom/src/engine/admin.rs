@@ -3,8 +3,8 @@
 
 use super::Engine;
 use mailroom_core::{
-    Alert, AlertRules, Event, EventId, ListFilter, Page, PurgeReport, Retention, StoreError,
-    TopicStats,
+    Alert, AlertRules, Event, EventId, ListFilter, Page, PurgeReport, ReplayReport, Retention,
+    StoreError, TopicStats,
 };
 use std::time::Duration;
 
@@ -43,7 +43,9 @@ impl Engine {
             .await
     }
 
-    /// Replays one event with the topic's fresh attempt budget.
+    /// Replays one event with the topic's fresh attempt budget. An event
+    /// whose payload retention purged is refused with
+    /// [`StoreError::Purged`]: its handler would get an empty body.
     pub async fn replay(&self, id: EventId) -> Result<Event, StoreError> {
         let event = self
             .inner
@@ -57,8 +59,9 @@ impl Engine {
         Ok(replayed)
     }
 
-    /// Replays every matching event (per topic, each with its own budget).
-    pub async fn replay_matching(&self, filter: &ListFilter) -> Result<u64, StoreError> {
+    /// Replays every matching event (per topic, each with its own budget),
+    /// leaving (and counting) those whose payload retention purged.
+    pub async fn replay_matching(&self, filter: &ListFilter) -> Result<ReplayReport, StoreError> {
         let topics: Vec<String> = match &filter.topic {
             Some(t) => vec![t.clone()],
             None => self
@@ -70,15 +73,17 @@ impl Engine {
                 .map(|s| s.topic)
                 .collect(),
         };
-        let mut total = 0;
+        let mut total = ReplayReport::default();
         for t in topics {
             let mut f = filter.clone();
             f.topic = Some(t.clone());
-            total += self
+            let report = self
                 .inner
                 .store
                 .replay_matching(&f, self.budget(&t))
                 .await?;
+            total.replayed += report.replayed;
+            total.skipped_purged += report.skipped_purged;
             self.wake(&t);
         }
         Ok(total)
