@@ -10,11 +10,14 @@
 //!   implementation on this store could reach, as a ratio to `single`.
 //! - `pg`: both of the above on SQLite and on a fresh PostgreSQL database
 //!   with one and with two mailroom instances, side by side.
+//! - `amqp`: the AMQP source and the outbox relay beside lapin alone (the
+//!   broker's floor) and a hand-written relay, on one broker, in one run.
 //!
 //! `ingest` and `drain` take `--store sqlite|postgres://...` and
 //! `--instances N`. Run with `cargo run --release -p mailroom-bench --
 //! ingest` (or `drain`, or `pg --store postgres://...`).
 
+mod amqp;
 mod backend;
 mod drain;
 mod floor;
@@ -52,6 +55,9 @@ enum Command {
     /// SQLite drains of `single` and `batch` beside a raw SQLite loop doing
     /// only the writes a batch drain needs (the bound for `batch`).
     Floor(FloorArgs),
+    /// RabbitMQ: inbound (AMQP source into SQLite) and the relay, beside
+    /// lapin alone and a hand-written relay, with ratios.
+    Amqp(AmqpArgs),
     /// (internal) mailroom as `mailroom serve` runs it, for `ingest`.
     #[command(name = "__serve", hide = true)]
     Serve(ServeArgs),
@@ -219,6 +225,37 @@ struct PgArgs {
 }
 
 #[derive(Debug, Args)]
+struct AmqpArgs {
+    /// The broker (`amqp://user:pass@host:port/vhost`); default
+    /// `$MAILROOM_TEST_AMQP_URL` (the private node of scripts/services.sh).
+    #[arg(long, env = "MAILROOM_TEST_AMQP_URL")]
+    amqp: String,
+    /// Messages per phase (inbound, relay, lapin floors).
+    #[arg(long, default_value_t = 100_000)]
+    messages: u64,
+    /// Messages of the hand-written relay. It runs at one fsync and one
+    /// confirm round trip per message, a steady rate, so a smaller backlog
+    /// measures it as well (100,000 would take about ten minutes).
+    #[arg(long, default_value_t = 5_000)]
+    handwritten_messages: u64,
+    /// Message body size in bytes (a JSON object).
+    #[arg(long, default_value_t = 1024)]
+    body_size: usize,
+    /// Prefetch values of the inbound phases.
+    #[arg(long, value_delimiter = ',', default_value = "10,256")]
+    prefetch: Vec<u16>,
+    /// Attempts in flight of the relay topic.
+    #[arg(long, default_value_t = 256)]
+    relay_concurrency: u32,
+    /// Give up on a phase after this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
 struct ServeArgs {
     /// `sqlite://FILE` or `postgres://...`.
     #[arg(long)]
@@ -280,6 +317,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Ingest(a) => run_ingest(a).await,
         Command::Drain(a) => run_drain(a).await,
         Command::Pg(a) => pg::run(a).await,
+        Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
     }
 }
@@ -394,6 +432,35 @@ async fn run_floor(a: FloorArgs) -> anyhow::Result<ExitCode> {
         }))?;
     } else {
         floor::print(&settings, &rounds);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_amqp(a: AmqpArgs) -> anyhow::Result<ExitCode> {
+    let settings = amqp::Settings {
+        url: a.amqp,
+        messages: a.messages.max(1),
+        handwritten_messages: a.handwritten_messages.clamp(1, a.messages.max(1)),
+        body_size: a.body_size,
+        prefetch: a.prefetch.into_iter().map(|p| p.max(1)).collect(),
+        relay_concurrency: a.relay_concurrency.max(1),
+        timeout: a.timeout,
+    };
+    let report = amqp::run(settings.clone()).await?;
+    if a.json {
+        let out = serde_json::json!({
+            "bench": "amqp",
+            "messages": settings.messages,
+            "body_size": settings.body_size,
+            "phases": report.phases,
+            "commit_latency_ms": report.commit_latency_ms,
+            "load_before": report.load_before,
+            "load_after": report.load_after,
+            "ratios": amqp::ratios(&settings, &report.phases),
+        });
+        println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
+    } else {
+        amqp::print(&settings, &report);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -80,6 +80,32 @@ pub fn cpu_share(
         .collect()
 }
 
+/// The process listening on TCP port `port` (IPv4 or IPv6), found through
+/// the socket's inode in `/proc/net/tcp*` and the processes' open files
+/// (needs root, or the same user, to read other processes' `fd`).
+pub fn listener_pid(port: u16) -> Option<String> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|f| {
+        let text = std::fs::read_to_string(f).ok()?;
+        text.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit(':').next()?;
+            let listening = fields.get(3) == Some(&"0A");
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| fields.get(9).map(|i| (*i).to_string()))
+                .flatten()
+        })
+    })?;
+    let target = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|proc| {
+        let pid = proc.file_name().to_str()?.to_string();
+        pid.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
+        let fds = std::fs::read_dir(proc.path().join("fd")).ok()?;
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str()))
+            .then_some(pid)
+    })
+}
+
 /// Peak VmRSS seen by a sampler.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RssPeak {
@@ -118,5 +144,12 @@ mod tests {
         assert!(rss > 0);
         assert!(process_cpu("self").is_some());
         assert!(!threads_cpu("self").is_empty());
+    }
+
+    #[test]
+    fn finds_the_listener_of_a_port() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert_eq!(listener_pid(port), Some(std::process::id().to_string()));
     }
 }

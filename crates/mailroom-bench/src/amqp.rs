@@ -1,0 +1,431 @@
+//! `amqp`: mailroom's RabbitMQ side beside what the broker alone allows, in
+//! one run on one broker (issue 13's benchmark).
+//!
+//! - **publish floor**: lapin alone publishes N persistent, `mandatory`
+//!   messages with confirms, pipelined (every publish sent, then every
+//!   confirm awaited): the most any relay can publish here. It also fills
+//!   the queue the consume phases read.
+//! - **consume floor** (per prefetch): lapin alone consumes those N with
+//!   `basic.qos(prefetch)` and acks each one; no store.
+//! - **mailroom inbound** (per prefetch): an [`AmqpSource`] with that
+//!   prefetch stores the same N messages into a fresh SQLite store (default
+//!   settings: group commit) and acks each after its commit.
+//! - **mailroom relay**: N outbox events, already committed in a fresh
+//!   SQLite store, published through a topic whose handler is an
+//!   [`AmqpHandler`] (confirms, `mandatory`), on a supervised
+//!   [`AmqpConnection`] as `serve` runs it.
+//! - **hand-written relay**: the usual outbox relay: an outbox table in
+//!   SQLite (WAL, `synchronous = FULL`, as mailroom's), polled for unsent
+//!   rows; each row is published, its confirm awaited, and the row marked
+//!   sent. The idle poll interval is not counted, only the loop over the
+//!   backlog.
+//!
+//! Each phase reports messages/s, the broker's CPU (its process, found by
+//! the port it listens on) and this process's CPU (mailroom and the lapin
+//! clients live here), so a missed target says which side ran out.
+
+mod engine;
+mod handwritten;
+mod lapin_only;
+
+use crate::procfs;
+use anyhow::Context;
+use lapin::{Channel, Connection, ConnectionProperties};
+use mailroom_amqp::{ExchangeSpec, ExchangeType, QueueSpec, Topology};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Where the benchmark's messages go: a topic exchange and a queue bound
+/// to it, named uniquely for the run.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub exchange: String,
+    pub routing_key: String,
+    pub queue: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `amqp://...` of the broker.
+    pub url: String,
+    /// Messages per phase.
+    pub messages: u64,
+    /// Messages of the hand-written relay (it is slow; its rate is steady).
+    pub handwritten_messages: u64,
+    pub body_size: usize,
+    /// Prefetch values of the consume phases.
+    pub prefetch: Vec<u16>,
+    /// Attempts in flight of the relay topic.
+    pub relay_concurrency: u32,
+    /// Give up on a phase after this long.
+    pub timeout: Duration,
+}
+
+/// One measured phase.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Phase {
+    pub name: String,
+    pub messages: u64,
+    pub secs: f64,
+    pub per_sec: f64,
+    /// Share of one core used by the broker's process during the phase.
+    pub broker_cpu: Option<f64>,
+    /// Share of one core used by this process (mailroom, lapin clients).
+    pub bench_cpu: f64,
+    /// SQLite write transactions during the phase (mailroom, hand-written).
+    pub commits: Option<u64>,
+    /// Share of one core per thread name of this process (mailroom's SQLite
+    /// writer is `sqlite-writer`, the runtime's workers `tokio-runtime-w`).
+    pub threads: BTreeMap<String, f64>,
+    /// Bytes sent to the disk by the broker and by this process, MiB.
+    pub broker_disk_mib: Option<f64>,
+    pub bench_disk_mib: f64,
+}
+
+/// Times a phase and the CPU of this process and of the broker.
+pub struct Meter {
+    started: Instant,
+    broker: Option<(String, Duration, u64)>,
+    me: Duration,
+    threads: BTreeMap<String, Duration>,
+    written: u64,
+}
+
+fn written(pid: &str) -> Option<u64> {
+    procfs::io_counter(pid, "write_bytes")
+}
+
+impl Meter {
+    pub fn start(broker_pid: Option<&str>) -> Self {
+        let broker = broker_pid.and_then(|p| {
+            Some((
+                p.to_string(),
+                procfs::process_cpu(p)?,
+                written(p).unwrap_or(0),
+            ))
+        });
+        Self {
+            started: Instant::now(),
+            broker,
+            me: procfs::process_cpu("self").unwrap_or_default(),
+            threads: procfs::threads_cpu("self"),
+            written: written("self").unwrap_or(0),
+        }
+    }
+
+    pub fn finish(self, name: String, messages: u64, commits: Option<u64>) -> Phase {
+        let secs = self.started.elapsed().as_secs_f64();
+        let share = |before: Duration, after: Option<Duration>| {
+            after.map(|a| a.saturating_sub(before).as_secs_f64() / secs)
+        };
+        let elapsed = self.started.elapsed();
+        let mib = |before: u64, after: Option<u64>| {
+            procfs::mib(after.unwrap_or(0).saturating_sub(before))
+        };
+        let (broker_cpu, broker_disk_mib) = match &self.broker {
+            Some((pid, cpu, disk)) => (
+                share(*cpu, procfs::process_cpu(pid)),
+                Some(mib(*disk, written(pid))),
+            ),
+            None => (None, None),
+        };
+        Phase {
+            name,
+            messages,
+            secs,
+            per_sec: messages as f64 / secs,
+            broker_cpu,
+            bench_cpu: share(self.me, procfs::process_cpu("self")).unwrap_or(0.0),
+            commits,
+            threads: procfs::cpu_share(&self.threads, &procfs::threads_cpu("self"), elapsed),
+            broker_disk_mib,
+            bench_disk_mib: mib(self.written, written("self")),
+        }
+    }
+}
+
+/// What every phase needs: the broker, its process, the settings.
+pub struct Ctx {
+    pub settings: Settings,
+    pub conn: Connection,
+    pub broker_pid: Option<String>,
+    run_id: u32,
+}
+
+impl Ctx {
+    async fn channel(&self) -> anyhow::Result<Channel> {
+        self.conn
+            .create_channel()
+            .await
+            .context("opening a channel")
+    }
+
+    /// Declares a fresh exchange and queue for `what`.
+    async fn route(&self, what: &str) -> anyhow::Result<Route> {
+        let base = format!("bench-{:08x}.{what}", self.run_id);
+        let route = Route {
+            exchange: format!("{base}.x"),
+            routing_key: format!("bench.{what}"),
+            queue: format!("{base}.q"),
+        };
+        let topology = Topology {
+            exchanges: vec![ExchangeSpec::new(&route.exchange, ExchangeType::Topic)],
+            queues: vec![QueueSpec::new(&route.queue).bind(&route.exchange, "bench.#")],
+        };
+        mailroom_amqp::declare(&self.channel().await?, &topology).await?;
+        Ok(route)
+    }
+
+    async fn drop_route(&self, route: &Route) -> anyhow::Result<()> {
+        let ch = self.channel().await?;
+        ch.queue_delete(route.queue.as_str().into(), Default::default())
+            .await?;
+        ch.exchange_delete(route.exchange.as_str().into(), Default::default())
+            .await?;
+        let _ = ch.close(200, "OK".into()).await;
+        Ok(())
+    }
+
+    /// Ready messages in `queue` (a passive declare).
+    async fn ready(&self, queue: &str) -> anyhow::Result<u32> {
+        let ch = self.channel().await?;
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let q = ch
+            .queue_declare(queue.into(), passive, Default::default())
+            .await?;
+        let _ = ch.close(200, "OK".into()).await;
+        Ok(q.message_count())
+    }
+}
+
+/// The broker's port, from `amqp://user:pass@host:port/vhost`.
+fn port_of(url: &str) -> Option<u16> {
+    let rest = url.split_once("://")?.1;
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = host.split('/').next()?;
+    hostport.rsplit_once(':')?.1.parse().ok()
+}
+
+/// A run's phases and the store's commit latency.
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    pub phases: Vec<Phase>,
+    /// Mean latency of a one-row SQLite commit (WAL, `synchronous = FULL`)
+    /// in a temporary directory like the stores', ms.
+    pub commit_latency_ms: f64,
+    /// `/proc/loadavg` before and after the run: other work on the machine.
+    pub load_before: String,
+    pub load_after: String,
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Mean latency of 200 one-row SQLite commits with mailroom's durability:
+/// what every ack-after-commit waits for at least. With `prefetch`
+/// deliveries in flight, no consumer that acks after its commit can store
+/// more than `prefetch / latency` messages per second.
+async fn commit_latency() -> anyhow::Result<Duration> {
+    tokio::task::spawn_blocking(|| -> anyhow::Result<Duration> {
+        let dir = tempfile::tempdir()?;
+        let db = rusqlite::Connection::open(dir.path().join("probe.db"))?;
+        let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "WAL refused: {mode}");
+        db.execute_batch("PRAGMA synchronous = FULL; CREATE TABLE t (x BLOB);")?;
+        let body = vec![b'x'; 1024];
+        let started = Instant::now();
+        for _ in 0..200 {
+            db.execute("INSERT INTO t (x) VALUES (?1)", [&body])?;
+        }
+        Ok(started.elapsed() / 200)
+    })
+    .await?
+}
+
+/// Every phase, in order; see the module doc.
+pub async fn run(settings: Settings) -> anyhow::Result<Report> {
+    let load_before = loadavg();
+    let conn = Connection::connect(&settings.url, ConnectionProperties::default())
+        .await
+        .with_context(|| format!("connecting to {}", settings.url))?;
+    let broker_pid = port_of(&settings.url).and_then(procfs::listener_pid);
+    if broker_pid.is_none() {
+        eprintln!(
+            "mailroom-bench: the broker's process is not on this machine (or not readable): no broker CPU"
+        );
+    }
+    let ctx = Ctx {
+        settings,
+        conn,
+        broker_pid,
+        run_id: rand_id(),
+    };
+    let mut phases = Vec::new();
+    let consumed = ctx.route("consume").await?;
+    for &prefetch in &ctx.settings.prefetch {
+        phases.push(
+            lapin_only::publish(&ctx, &consumed, "publish floor: lapin, confirms, pipelined")
+                .await?,
+        );
+        phases.push(lapin_only::consume(&ctx, &consumed.queue, prefetch).await?);
+        // Refill (not a phase of its own: the publish floor was measured).
+        lapin_only::publish(&ctx, &consumed, "refill").await?;
+        phases.push(engine::inbound(&ctx, &consumed.queue, prefetch).await?);
+    }
+    ctx.drop_route(&consumed).await?;
+    let relayed = ctx.route("relay").await?;
+    phases.push(engine::relay(&ctx, &relayed).await?);
+    ctx.drop_route(&relayed).await?;
+    let handwritten = ctx.route("handwritten").await?;
+    phases.push(handwritten::relay(&ctx, &handwritten).await?);
+    ctx.drop_route(&handwritten).await?;
+    let _ = ctx.conn.close(200, "OK".into()).await;
+    let latency = commit_latency().await?;
+    Ok(Report {
+        phases,
+        commit_latency_ms: latency.as_secs_f64() * 1000.0,
+        load_before,
+        load_after: loadavg(),
+    })
+}
+
+fn rand_id() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+/// Waits until `done()` holds, checking every `every`, for at most `timeout`.
+pub async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut done: impl AsyncFnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done().await? {
+        anyhow::ensure!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(every).await;
+    }
+    Ok(())
+}
+
+/// The ratios the issue sets targets for.
+#[derive(Debug, serde::Serialize)]
+pub struct Ratios {
+    /// mailroom relay / hand-written relay (target ≥ 10).
+    pub relay_vs_handwritten: Option<f64>,
+    /// mailroom relay / lapin publish floor (target ≥ 0.6).
+    pub relay_vs_publish_floor: Option<f64>,
+    /// Per prefetch: mailroom inbound / lapin consume floor (target ≥ 0.6).
+    pub inbound_vs_consume_floor: Vec<(u16, Option<f64>)>,
+}
+
+fn rate(phases: &[Phase], prefix: &str) -> Option<f64> {
+    let rates: Vec<f64> = phases
+        .iter()
+        .filter(|p| p.name.starts_with(prefix))
+        .map(|p| p.per_sec)
+        .collect();
+    crate::drain::median(rates)
+}
+
+pub fn ratios(s: &Settings, phases: &[Phase]) -> Ratios {
+    let relay = rate(phases, "mailroom relay");
+    let div = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+    Ratios {
+        relay_vs_handwritten: div(relay, rate(phases, "hand-written relay")),
+        relay_vs_publish_floor: div(relay, rate(phases, "publish floor")),
+        inbound_vs_consume_floor: s
+            .prefetch
+            .iter()
+            .map(|p| {
+                let inbound = rate(phases, &format!("mailroom inbound, prefetch {p}"));
+                let floor = rate(phases, &format!("consume floor: lapin, prefetch {p}"));
+                (*p, div(inbound, floor))
+            })
+            .collect(),
+    }
+}
+
+pub fn print(s: &Settings, report: &Report) {
+    let phases = &report.phases;
+    println!(
+        "machine: {} CPUs; load average before {}, after {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        report.load_before,
+        report.load_after
+    );
+    println!(
+        "amqp: {} messages of {} B per phase (hand-written relay: {}), prefetch {:?}, relay topic concurrency {}",
+        s.messages, s.body_size, s.handwritten_messages, s.prefetch, s.relay_concurrency
+    );
+    println!(
+        "{:<50} {:>8} {:>7} {:>8} {:>7} {:>7} {:>8} {:>9} {:>9}",
+        "phase", "messages", "secs", "msgs/s", "broker", "bench", "commits", "brk MiB", "bench MiB"
+    );
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    for p in phases {
+        println!(
+            "{:<50} {:>8} {:>7.2} {:>8.0} {:>7} {:>7} {:>8} {:>9} {:>9.0}",
+            p.name,
+            p.messages,
+            p.secs,
+            p.per_sec,
+            pct(p.broker_cpu),
+            pct(Some(p.bench_cpu)),
+            p.commits.map_or("-".into(), |c| c.to_string()),
+            p.broker_disk_mib.map_or("-".into(), |m| format!("{m:.0}")),
+            p.bench_disk_mib,
+        );
+    }
+    for p in phases {
+        let threads: Vec<String> = p
+            .threads
+            .iter()
+            .map(|(name, share)| format!("{name} {:.0}%", share * 100.0))
+            .collect();
+        println!("  {}: {}", p.name, threads.join(", "));
+    }
+    let r = ratios(s, phases);
+    let x = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
+    println!(
+        "relay vs hand-written relay: {} (target >= 10x); relay vs lapin publish floor: {} (target >= 60%)",
+        x(r.relay_vs_handwritten),
+        pct(r.relay_vs_publish_floor)
+    );
+    for (p, v) in &r.inbound_vs_consume_floor {
+        println!(
+            "inbound vs lapin consume floor, prefetch {p}: {} (target >= 60%); ack-after-commit bound prefetch / commit latency: {:.0}/s",
+            pct(*v),
+            f64::from(*p) * 1000.0 / report.commit_latency_ms
+        );
+    }
+    println!(
+        "SQLite commit latency (1 row of {} B, WAL, synchronous = FULL): {:.2} ms",
+        s.body_size, report.commit_latency_ms
+    );
+    println!(
+        "(broker, bench: CPU as a share of one core; MiB: bytes each process sent to the disk; ratios use the median of a phase measured more than once)"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_port_comes_from_the_url() {
+        assert_eq!(port_of("amqp://guest:guest@127.0.0.1:5673/%2f"), Some(5673));
+        assert_eq!(port_of("amqp://127.0.0.1:41000"), Some(41000));
+        assert_eq!(port_of("amqp://rabbit/%2f"), None);
+    }
+}
