@@ -19,6 +19,7 @@
 
 mod amqp;
 mod backend;
+mod counting;
 mod drain;
 mod floor;
 mod ingest;

@@ -2,7 +2,8 @@
 //! relay (a topic with an AMQP handler) out of one.
 
 use super::{Ctx, Meter, Phase, Route, wait_until};
-use crate::backend::{Backend, CountingStore, Opened};
+use crate::backend::{Backend, Opened};
+use crate::counting::CountingStore;
 use anyhow::Context;
 use mailroom::handler::{BatchOutcome, Handler};
 use mailroom::{Draft, Engine, Event, Outcome, Status, Store, StoreError, TopicSpec};

@@ -10,7 +10,8 @@ mod report;
 
 pub use report::{print_rounds, print_table};
 
-use crate::backend::{Backend, CallCounts, CountingStore, Fresh, ServerStats, postgres_cpu};
+use crate::backend::{Backend, Fresh, ServerStats, postgres_cpu};
+use crate::counting::{CallCounts, CountingStore};
 use crate::procfs;
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -125,7 +126,7 @@ pub async fn run(
 struct Instance {
     engine: Engine,
     opened: crate::backend::Opened,
-    calls: Arc<crate::backend::Calls>,
+    calls: Arc<crate::counting::Calls>,
     handled: Arc<AtomicU64>,
 }
 
