@@ -82,3 +82,69 @@ async fn replay_refuses_a_purged_event_and_says_why() {
     let event = engine.get(id.parse().expect("id")).await.expect("get");
     assert_eq!(event.expect("kept").status, mailroom::Status::Done);
 }
+
+/// `status --json`, `events list --json` and `events show --json` print the
+/// API's typed answers (SPEC §7, §12): every declared topic with its mode,
+/// handler kind, all five counts, oldest pending age and blocked keys; a
+/// list page with `next_cursor`; an event object with its history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_output_has_the_api_shapes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = setup(dir.path()).await;
+    let done = purged_event(&engine).await;
+    engine
+        .enqueue(Draft::json("orders", &serde_json::json!({"n": 2})))
+        .await
+        .expect("enqueue");
+    let (ok, out, err) = mailroom(dir.path(), &["status", "--json"]);
+    assert!(ok, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let topic = &status["topics"][0];
+    let mut keys: Vec<&str> = topic
+        .as_object()
+        .expect("topic")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "blocked_keys",
+            "counts",
+            "handler",
+            "mode",
+            "oldest_pending_age_seconds",
+            "topic"
+        ]
+    );
+    assert_eq!(
+        (&topic["topic"], &topic["mode"], &topic["handler"]),
+        (&"orders".into(), &"single".into(), &"pull".into())
+    );
+    assert_eq!(
+        topic["counts"],
+        serde_json::json!({"pending": 1, "running": 0, "done": 1, "dead": 0, "skipped": 0})
+    );
+    assert!(
+        topic["oldest_pending_age_seconds"]
+            .as_f64()
+            .is_some_and(|a| a >= 0.0)
+    );
+    assert!(status["alerts"].is_array());
+
+    let (ok, out, err) = mailroom(dir.path(), &["events", "list", "--limit", "1", "--json"]);
+    assert!(ok, "{err}");
+    let page: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(page["events"].as_array().expect("events").len(), 1);
+    assert!(page["events"][0].get("history").is_none());
+    assert!(page["next_cursor"].is_string(), "{page}");
+    let (ok, out, err) = mailroom(dir.path(), &["events", "show", &done, "--json"]);
+    assert!(ok, "{err}");
+    let event: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(event["id"], done.as_str());
+    assert_eq!(event["history"][0]["outcome"], "done");
+    let (ok, _, err) = mailroom(dir.path(), &["events", "show", "not-an-id"]);
+    assert!(!ok);
+    assert!(err.contains("is not an event id"), "{err}");
+}

@@ -42,10 +42,22 @@ impl fmt::Display for EventId {
     }
 }
 
+/// Why a text is not an [`EventId`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an event id (a UUID such as 0190a5c4-7e1b-7c3a-9f00-3b6d2a1e4c55)")]
+pub struct ParseEventIdError {
+    /// The text, cut to 64 characters.
+    pub text: String,
+}
+
+/// Parses the hyphenated UUID form that ids are shown in (any UUID form
+/// `uuid` accepts); the one parser for ids from URLs, the CLI and stores.
 impl FromStr for EventId {
-    type Err = uuid::Error;
+    type Err = ParseEventIdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Uuid::parse_str(s).map(Self)
+        Uuid::parse_str(s).map(Self).map_err(|_| ParseEventIdError {
+            text: s.chars().take(64).collect(),
+        })
     }
 }
 
@@ -229,59 +241,6 @@ pub struct Event {
     pub history: Vec<Attempt>,
 }
 
-impl Event {
-    /// The event object of SPEC §12, as served by the API, `events show --json`,
-    /// batch deliveries and pull claims. `payload` is the JSON value when the
-    /// body is JSON, else null with `payload_base64` set.
-    pub fn to_json(&self, with_history: bool) -> serde_json::Value {
-        use serde_json::{Value, json};
-        let (payload, payload_base64) = match &self.payload {
-            None => (Value::Null, Value::Null),
-            Some(bytes) => match serde_json::from_slice::<Value>(bytes) {
-                Ok(v) => (v, Value::Null),
-                Err(_) => (Value::Null, Value::String(base64_encode(bytes))),
-            },
-        };
-        let mut v = json!({
-            "id": self.id.to_string(),
-            "source": self.source,
-            "topic": self.topic,
-            "dedup_key": self.dedup_key,
-            "key": self.key,
-            "type": self.event_type,
-            "status": self.status.as_str(),
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "next_attempt_at": self.next_attempt_at.map(|t| t.to_string()),
-            "received_at": self.received_at.to_string(),
-            "correlation_id": self.correlation_id,
-            "causation_id": self.causation_id,
-            "content_type": self.content_type,
-            "payload": payload,
-            "payload_base64": payload_base64,
-            "last_error": self.last_error,
-        });
-        if with_history && let Some(obj) = v.as_object_mut() {
-            let history: Vec<Value> = self
-                .history
-                .iter()
-                .map(|a| {
-                    json!({
-                        "attempt": a.attempt,
-                        "started_at": a.started_at.to_string(),
-                        "finished_at": a.finished_at.map(|t| t.to_string()),
-                        "outcome": a.outcome.as_str(),
-                        "error": a.error,
-                        "worker": a.worker,
-                    })
-                })
-                .collect();
-            obj.insert("history".into(), Value::Array(history));
-        }
-        v
-    }
-}
-
 /// Standard base64 with padding, without pulling a dependency into the domain.
 pub fn base64_encode(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -322,6 +281,9 @@ mod tests {
         let b = EventId::new();
         assert!(a < b);
         assert_eq!(a.to_string().parse::<EventId>().ok(), Some(a));
+        let err = "nope".parse::<EventId>().unwrap_err();
+        assert_eq!(err.text, "nope");
+        assert!(err.to_string().contains("is not an event id"), "{err}");
     }
 
     #[test]
@@ -331,40 +293,5 @@ mod tests {
         assert_eq!(base64_encode(b"fo"), "Zm8=");
         assert_eq!(base64_encode(b"foo"), "Zm9v");
         assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
-    }
-
-    fn sample(payload: &[u8]) -> Event {
-        Event {
-            id: EventId::new(),
-            source: "s".into(),
-            topic: "t".into(),
-            dedup_key: "d".into(),
-            key: None,
-            event_type: None,
-            status: Status::Pending,
-            attempts: 0,
-            max_attempts: 15,
-            next_attempt_at: None,
-            received_at: Timestamp::UNIX_EPOCH,
-            correlation_id: None,
-            causation_id: None,
-            content_type: None,
-            payload: Some(Bytes::copy_from_slice(payload)),
-            last_error: None,
-            lease_until: None,
-            history: vec![],
-        }
-    }
-
-    #[test]
-    fn json_payload_is_inlined_and_binary_is_base64() {
-        let j = sample(br#"{"a":1}"#).to_json(false);
-        assert_eq!(j["payload"]["a"], 1);
-        assert!(j["payload_base64"].is_null());
-        assert!(j.get("history").is_none());
-        let b = sample(b"\xff\x00").to_json(true);
-        assert!(b["payload"].is_null());
-        assert_eq!(b["payload_base64"], "/wA=");
-        assert!(b["history"].is_array());
     }
 }

@@ -104,6 +104,14 @@ impl TopicStats {
     pub fn count(&self, status: Status) -> u64 {
         self.counts.get(status.as_str()).copied().unwrap_or(0)
     }
+
+    /// How long the oldest pending event has waited at `now` (never
+    /// negative); `None` without pending events.
+    pub fn oldest_pending_age(&self, now: Timestamp) -> Option<Duration> {
+        let t = self.oldest_pending?;
+        let ms = (now.as_millisecond() - t.as_millisecond()).max(0);
+        Some(Duration::from_millis(ms.unsigned_abs()))
+    }
 }
 
 /// What retention removes.

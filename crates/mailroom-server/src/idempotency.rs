@@ -29,6 +29,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
+use mailroom::answer::EventObject;
 use mailroom::intake::MAX_FIELD_LEN;
 use mailroom::{Draft, Event, NewEvent, Status};
 use serde::Deserialize;
@@ -149,7 +150,7 @@ fn as_committed(mut event: Event, max_attempts: u32) -> Value {
     event.last_error = None;
     event.lease_until = None;
     event.history.clear();
-    event.to_json(false)
+    serde_json::json!(EventObject::summary(&event))
 }
 
 fn created(body: Value, replayed: bool) -> Response {

@@ -4,7 +4,7 @@
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use mailroom::intake::IntakeError;
-use mailroom::{ClaimError, Refused, StoreError};
+use mailroom::{ClaimError, ParseEventIdError, Refused, StoreError};
 
 /// An error answer.
 #[derive(Debug)]
@@ -142,5 +142,12 @@ impl From<IntakeError> for Problem {
 impl From<Refused> for Problem {
     fn from(e: Refused) -> Self {
         Problem::bad_request(e.to_string())
+    }
+}
+
+/// An id in a URL that is no event id names no resource: 404.
+impl From<ParseEventIdError> for Problem {
+    fn from(e: ParseEventIdError) -> Self {
+        Problem::not_found(e.to_string())
     }
 }

@@ -8,6 +8,7 @@ use crate::problem::Problem;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
+use mailroom::answer::ClaimObject;
 use mailroom::{EventId, FencingToken, Outcome, duration};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -76,23 +77,8 @@ async fn claim(
         .unwrap_or_else(|| "pull".into());
     let max = b.max.unwrap_or(1).clamp(1, MAX_CLAIM);
     let claimed = s.engine.claim(&topic, max, lease, &worker).await?;
-    let events: Vec<Value> = claimed
-        .iter()
-        .map(|c| {
-            let mut v = c.event.to_json(false);
-            if let Some(o) = v.as_object_mut() {
-                o.insert("token".into(), json!(c.token.0));
-                o.insert("lease_until".into(), json!(c.lease_until.to_string()));
-            }
-            v
-        })
-        .collect();
+    let events: Vec<ClaimObject> = claimed.iter().map(ClaimObject::new).collect();
     Ok(Json(json!({ "events": events })))
-}
-
-fn parse_id(id: &str) -> Result<EventId, Problem> {
-    id.parse()
-        .map_err(|_| Problem::not_found(format!("{id:?} is not an event id")))
 }
 
 /// Body of an ack.
@@ -107,7 +93,7 @@ async fn ack(
     Path(id): Path<String>,
     Json(b): Json<AckBody>,
 ) -> Result<Json<Value>, Problem> {
-    let id = parse_id(&id)?;
+    let id: EventId = id.parse()?;
     s.engine
         .finish_claim(id, FencingToken(b.token), Outcome::Success)
         .await?;
@@ -130,7 +116,7 @@ async fn nack(
     Path(id): Path<String>,
     Json(b): Json<NackBody>,
 ) -> Result<Json<Value>, Problem> {
-    let id = parse_id(&id)?;
+    let id: EventId = id.parse()?;
     let error = b.error.unwrap_or_else(|| "nacked by worker".into());
     let error: String = error.chars().take(4096).collect();
     let after = b.retry_in.as_ref().map(LeaseArg::parse).transpose()?;
@@ -163,7 +149,7 @@ async fn extend(
     Path(id): Path<String>,
     Json(b): Json<ExtendBody>,
 ) -> Result<Json<Value>, Problem> {
-    let id = parse_id(&id)?;
+    let id: EventId = id.parse()?;
     let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
     let until = s.engine.extend(id, FencingToken(b.token), lease).await?;
     Ok(Json(

@@ -42,6 +42,7 @@
 //! ```
 
 pub mod accept;
+pub mod answer;
 pub mod clock;
 mod dispatch;
 mod engine;
@@ -60,9 +61,9 @@ pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder,
 pub use mailroom_core::{
     Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
     BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
-    Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome, Page, PurgeReport,
-    ReplayReport, Result, Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError,
-    Timestamp, TopicStats, TopicStream,
+    Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome, Page, ParseEventIdError,
+    PurgeReport, ReplayReport, Result, Retention, RetryPolicy, RetryPolicyError, Status, Store,
+    StoreError, Timestamp, TopicStats, TopicStream,
 };
 pub use mailroom_core::{alert, duration, event};
 pub use open::open_store;

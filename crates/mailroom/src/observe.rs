@@ -25,10 +25,7 @@ pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
                 }
                 metrics::gauge!(names::DEAD_LETTER_DEPTH, "topic" => s.topic.clone())
                     .set(s.count(Status::Dead) as f64);
-                let age = s
-                    .oldest_pending
-                    .map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
-                    .unwrap_or(0.0);
+                let age = s.oldest_pending_age(now).map_or(0.0, |d| d.as_secs_f64());
                 metrics::gauge!(names::OLDEST_PENDING_AGE, "topic" => s.topic.clone()).set(age);
                 metrics::gauge!(names::BLOCKED_KEYS, "topic" => s.topic.clone())
                     .set(s.blocked_keys as f64);

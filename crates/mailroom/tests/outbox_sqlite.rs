@@ -91,7 +91,8 @@ async fn rollback_leaves_nothing_and_commit_delivers_once() {
     assert_eq!(e.key.as_deref(), Some("customer-7"));
     assert_eq!(e.event_type.as_deref(), Some("order.created"));
     assert_eq!(e.payload.as_deref(), Some(&br#"{"order":"order-2"}"#[..]));
-    assert_eq!(e.to_json(false)["payload"]["order"], "order-2");
+    let object = serde_json::to_value(mailroom::answer::EventObject::summary(e)).expect("json");
+    assert_eq!(object["payload"]["order"], "order-2");
     let all = store
         .list(&mailroom::ListFilter {
             limit: 100,

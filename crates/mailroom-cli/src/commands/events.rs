@@ -1,10 +1,11 @@
 //! `mailroom events list|show`: read events, newest first, or one with its
 //! attempt history.
 
-use super::{load_config, offline_engine, parse_id, parse_status};
+use super::{load_config, offline_engine, parse_status};
 use crate::table::{clip, render};
 use crate::{Cli, EventsCommand};
 use anyhow::{Context, Result};
+use mailroom::answer::{EventList, EventObject};
 use mailroom::{Engine, Event, KeyCursor, ListFilter};
 
 pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Result<()> {
@@ -22,7 +23,11 @@ pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Resul
                 status: parse_status(status.as_deref())?,
                 key: key.clone(),
                 limit: (*limit).clamp(1, 1000),
-                cursor: cursor.as_deref().map(parse_id).transpose()?.map(KeyCursor),
+                cursor: cursor
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()?
+                    .map(KeyCursor),
             };
             list(&engine, &filter, json).await
         }
@@ -32,15 +37,11 @@ pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Resul
 
 async fn list(engine: &Engine, filter: &ListFilter, json: bool) -> Result<()> {
     let page = engine.list(filter).await?;
-    let next = page.next_cursor.map(|c| c.0.to_string());
     if json {
-        let events: Vec<_> = page.events.iter().map(|e| e.to_json(false)).collect();
-        outln!(
-            "{}",
-            serde_json::json!({ "events": events, "next_cursor": next })
-        );
+        outln!("{}", serde_json::to_string(&EventList::new(&page))?);
         return Ok(());
     }
+    let next = page.next_cursor.map(|c| c.0);
     let rows: Vec<Vec<String>> = page.events.iter().map(list_row).collect();
     out!(
         "{}",
@@ -79,11 +80,11 @@ fn list_row(e: &Event) -> Vec<String> {
 
 async fn show(engine: &Engine, id: &str, json: bool) -> Result<()> {
     let event = engine
-        .get(parse_id(id)?)
+        .get(id.parse()?)
         .await?
         .with_context(|| format!("no event {id}"))?;
     if json {
-        outln!("{}", event.to_json(true));
+        outln!("{}", serde_json::to_string(&EventObject::full(&event))?);
     } else {
         show_fields(&event);
         show_history(&event);

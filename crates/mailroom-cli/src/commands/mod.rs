@@ -15,7 +15,7 @@ mod status;
 
 use crate::{Cli, Command};
 use anyhow::{Context, Result};
-use mailroom::{Engine, EventId, Status, Store};
+use mailroom::{Engine, Status, Store};
 use mailroom_config::{Config, Topology};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -77,11 +77,6 @@ async fn open(config: &Config) -> Result<Arc<dyn Store>> {
 async fn offline_engine(config: &Config) -> Result<Engine> {
     let store = open(config).await?;
     Ok(Topology::from_config(config)?.into_builder(store).build()?)
-}
-
-fn parse_id(id: &str) -> Result<EventId> {
-    id.parse()
-        .with_context(|| format!("{id:?} is not an event id"))
 }
 
 fn parse_status(s: Option<&str>) -> Result<Option<Status>> {

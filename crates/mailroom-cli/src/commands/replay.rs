@@ -1,9 +1,10 @@
 //! `mailroom replay`: send events back to pending with a fresh attempt
 //! budget, one by id or all matching a filter.
 
-use super::{load_config, offline_engine, parse_id, parse_status};
+use super::{load_config, offline_engine, parse_status};
 use crate::Cli;
 use anyhow::{Result, bail};
+use mailroom::answer::EventObject;
 use mailroom::{Engine, ListFilter, Status};
 
 /// The filter flags of a bulk replay, as typed.
@@ -33,9 +34,9 @@ pub(super) async fn run(cli: &Cli, id: Option<&str>, filter: Filter, json: bool)
 }
 
 async fn one(engine: &Engine, id: &str, json: bool) -> Result<()> {
-    let e = engine.replay(parse_id(id)?).await?;
+    let e = engine.replay(id.parse()?).await?;
     if json {
-        outln!("{}", e.to_json(false));
+        outln!("{}", serde_json::to_string(&EventObject::summary(&e))?);
     } else {
         outln!(
             "{} is pending again (attempt {} of {} next)",

@@ -1,33 +1,34 @@
 //! `mailroom status`: per-topic counts, oldest pending age, blocked keys, and
-//! the alerts firing.
+//! the alerts firing; `--json` prints the very answer of `GET /v1/stats`.
 
 use super::{load_config, offline_engine};
 use crate::Cli;
 use crate::table::render;
 use anyhow::Result;
-use mailroom::{Alert, Status, TopicStats};
+use mailroom::Status;
+use mailroom::answer::{StatsAnswer, TopicAnswer};
 
 pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
     let config = load_config(cli)?;
     // Through the engine, so blocked keys count only where a dead head blocks.
     let engine = offline_engine(&config).await?;
-    let stats = engine.stats().await?;
-    let alerts = engine.alerts_from(&stats).await?;
+    let answer = StatsAnswer::read(&engine, jiff::Timestamp::now()).await?;
     if json {
-        print_json(&stats, &alerts);
+        outln!("{}", serde_json::to_string(&answer)?);
         return Ok(());
     }
-    if stats.is_empty() {
+    let empty = |t: &TopicAnswer| t.counts.values().all(|n| *n == 0);
+    if answer.topics.iter().all(empty) {
         outln!("no events yet in {}", config.store.url);
         return Ok(());
     }
-    print_table(&stats);
+    print_table(&answer.topics);
     if engine.alert_rules().any() {
-        if alerts.is_empty() {
+        if answer.alerts.is_empty() {
             outln!("\nalerts: none firing");
         } else {
             outln!("\nalerts firing:");
-            for a in &alerts {
+            for a in &answer.alerts {
                 outln!("  {:<18} {}", a.kind.as_str(), a.message);
             }
         }
@@ -35,51 +36,19 @@ pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Seconds since `t`, never negative.
-fn age(t: Option<jiff::Timestamp>) -> Option<f64> {
-    let now = jiff::Timestamp::now();
-    t.map(|t| (now.as_millisecond() - t.as_millisecond()).max(0) as f64 / 1000.0)
-}
-
-fn print_json(stats: &[TopicStats], alerts: &[Alert]) {
-    let topics: Vec<_> = stats
+fn print_table(topics: &[TopicAnswer]) {
+    let rows: Vec<Vec<String>> = topics
         .iter()
-        .map(|s| {
-            let counts: serde_json::Map<String, serde_json::Value> = Status::ALL
-                .iter()
-                .map(|st| (st.as_str().to_string(), s.count(*st).into()))
-                .collect();
-            serde_json::json!({
-                "topic": s.topic,
-                "counts": counts,
-                "oldest_pending_age_seconds": age(s.oldest_pending),
-                "blocked_keys": s.blocked_keys,
-            })
-        })
-        .collect();
-    let alerts: Vec<_> = alerts.iter().map(Alert::to_json).collect();
-    outln!(
-        "{}",
-        serde_json::json!({ "topics": topics, "alerts": alerts })
-    );
-}
-
-fn print_table(stats: &[TopicStats]) {
-    let rows: Vec<Vec<String>> = stats
-        .iter()
-        .map(|s| {
-            vec![
-                s.topic.clone(),
-                s.count(Status::Pending).to_string(),
-                s.count(Status::Running).to_string(),
-                s.count(Status::Done).to_string(),
-                s.count(Status::Dead).to_string(),
-                s.count(Status::Skipped).to_string(),
-                age(s.oldest_pending)
+        .map(|t| {
+            let mut row = vec![t.topic.clone()];
+            row.extend(Status::ALL.iter().map(|st| t.count(*st).to_string()));
+            row.push(
+                t.oldest_pending_age_seconds
                     .map(|a| format!("{a:.1}s"))
                     .unwrap_or_else(|| "-".into()),
-                s.blocked_keys.to_string(),
-            ]
+            );
+            row.push(t.blocked_keys.to_string());
+            row
         })
         .collect();
     out!(

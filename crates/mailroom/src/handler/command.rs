@@ -124,7 +124,10 @@ impl Handler for CommandHandler {
     /// Batch topics: a JSON array of event objects on stdin; the exit code
     /// applies to the whole batch.
     async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
-        let array: Vec<serde_json::Value> = events.iter().map(|e| e.to_json(false)).collect();
+        let array: Vec<_> = events
+            .iter()
+            .map(crate::answer::EventObject::summary)
+            .collect();
         let env = vec![
             (
                 "MAILROOM_TOPIC",

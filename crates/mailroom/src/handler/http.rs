@@ -235,7 +235,10 @@ impl Handler for HttpHandler {
     /// Batch topics (SPEC §5): POST a JSON array of event objects. A 2xx
     /// answer `{"failed": ["<event id>", ...]}` fails only those events.
     async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
-        let array: Vec<serde_json::Value> = events.iter().map(|e| e.to_json(false)).collect();
+        let array: Vec<_> = events
+            .iter()
+            .map(crate::answer::EventObject::summary)
+            .collect();
         let body = serde_json::to_vec(&array).unwrap_or_default();
         let Some(first) = events.first() else {
             return BatchOutcome::All(Outcome::Success);

@@ -1,0 +1,293 @@
+//! Typed answers: the JSON that the HTTP API, the CLI's `--json` and batch
+//! deliveries print, each shape built in one place (SPEC §12).
+//!
+//! - [`EventObject`]: the event object (API reads, `events show --json`,
+//!   batch arrays, replays and skips); [`ClaimObject`] adds a pull claim's
+//!   `token` and `lease_until`.
+//! - [`EventList`]: `{"events": [...], "next_cursor": ... | null}`.
+//! - [`StatsAnswer`]: `GET /v1/stats` and `mailroom status --json`: per
+//!   topic counts by status, oldest pending age, blocked keys; the alerts
+//!   firing.
+
+use crate::Engine;
+use jiff::Timestamp;
+use mailroom_core::{Alert, Attempt, Claimed, Event, EventId, Page, Status, StoreError};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The event object of SPEC §12. `payload` is the JSON value when the body
+/// is JSON, else null with `payload_base64` set (both null once retention
+/// purged it); `history` appears on single-event reads only.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventObject<'a> {
+    /// Event id.
+    pub id: EventId,
+    /// Source name.
+    pub source: &'a str,
+    /// Topic name.
+    pub topic: &'a str,
+    /// The sender's id, unique per source.
+    pub dedup_key: &'a str,
+    /// Ordering / grouping key.
+    pub key: Option<&'a str>,
+    /// Event type.
+    #[serde(rename = "type")]
+    pub event_type: Option<&'a str>,
+    /// Current status.
+    pub status: Status,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Attempt budget.
+    pub max_attempts: u32,
+    /// When the next attempt may start.
+    pub next_attempt_at: Option<Timestamp>,
+    /// When intake committed it.
+    pub received_at: Timestamp,
+    /// Correlation id.
+    pub correlation_id: Option<&'a str>,
+    /// Causation id.
+    pub causation_id: Option<&'a str>,
+    /// Content type of the payload.
+    pub content_type: Option<&'a str>,
+    /// The payload as JSON, or null.
+    pub payload: Value,
+    /// The payload in base64 when it is not JSON.
+    pub payload_base64: Option<String>,
+    /// Error text of the last failed attempt.
+    pub last_error: Option<&'a str>,
+    /// Attempt history, oldest first (single-event reads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<&'a [Attempt]>,
+}
+
+impl<'a> EventObject<'a> {
+    /// The object without `history` (lists, batches, claims, writes).
+    pub fn summary(e: &'a Event) -> Self {
+        let (payload, payload_base64) = match &e.payload {
+            None => (Value::Null, None),
+            Some(bytes) => match serde_json::from_slice::<Value>(bytes) {
+                Ok(v) => (v, None),
+                Err(_) => (
+                    Value::Null,
+                    Some(mailroom_core::event::base64_encode(bytes)),
+                ),
+            },
+        };
+        Self {
+            id: e.id,
+            source: &e.source,
+            topic: &e.topic,
+            dedup_key: &e.dedup_key,
+            key: e.key.as_deref(),
+            event_type: e.event_type.as_deref(),
+            status: e.status,
+            attempts: e.attempts,
+            max_attempts: e.max_attempts,
+            next_attempt_at: e.next_attempt_at,
+            received_at: e.received_at,
+            correlation_id: e.correlation_id.as_deref(),
+            causation_id: e.causation_id.as_deref(),
+            content_type: e.content_type.as_deref(),
+            payload,
+            payload_base64,
+            last_error: e.last_error.as_deref(),
+            history: None,
+        }
+    }
+
+    /// The object with its attempt history (single-event reads).
+    pub fn full(e: &'a Event) -> Self {
+        Self {
+            history: Some(&e.history),
+            ..Self::summary(e)
+        }
+    }
+}
+
+/// A pull claim: the event object plus the claim's fencing `token` and the
+/// end of its lease.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClaimObject<'a> {
+    /// The event.
+    #[serde(flatten)]
+    pub event: EventObject<'a>,
+    /// The fencing token to answer with.
+    pub token: u32,
+    /// When the lease ends (store clock).
+    pub lease_until: Timestamp,
+}
+
+impl<'a> ClaimObject<'a> {
+    /// The object of claim `c`.
+    pub fn new(c: &'a Claimed) -> Self {
+        Self {
+            event: EventObject::summary(&c.event),
+            token: c.token.0,
+            lease_until: c.lease_until,
+        }
+    }
+}
+
+/// One page of a listing, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventList<'a> {
+    /// The events, without history.
+    pub events: Vec<EventObject<'a>>,
+    /// Pass as `cursor` for the next page; null on the last one.
+    pub next_cursor: Option<EventId>,
+}
+
+impl<'a> EventList<'a> {
+    /// The answer for `page`.
+    pub fn new(page: &'a Page) -> Self {
+        Self {
+            events: page.events.iter().map(EventObject::summary).collect(),
+            next_cursor: page.next_cursor.map(|c| c.0),
+        }
+    }
+}
+
+/// Numbers per topic and the alerts firing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatsAnswer {
+    /// Every declared topic and every topic with stored events, by name.
+    pub topics: Vec<TopicAnswer>,
+    /// The alerts firing now.
+    #[serde(serialize_with = "alerts_json")]
+    pub alerts: Vec<Alert>,
+}
+
+/// One topic's numbers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopicAnswer {
+    /// The topic.
+    pub topic: String,
+    /// `single`, `sequential` or `batch` (`single` for an undeclared topic).
+    pub mode: &'static str,
+    /// `built-in` or `pull`.
+    pub handler: &'static str,
+    /// Events per status, every status present.
+    pub counts: BTreeMap<&'static str, u64>,
+    /// Seconds since the oldest pending event was received.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Keys held back by a dead head.
+    pub blocked_keys: u64,
+}
+
+impl TopicAnswer {
+    /// Events in `status`.
+    pub fn count(&self, status: Status) -> u64 {
+        self.counts.get(status.as_str()).copied().unwrap_or(0)
+    }
+}
+
+fn alerts_json<S: serde::Serializer>(alerts: &[Alert], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(alerts.iter().map(Alert::to_json))
+}
+
+impl StatsAnswer {
+    /// Reads the engine's numbers ([`Engine::stats`]) and alerts once, at `now`.
+    pub async fn read(engine: &Engine, now: Timestamp) -> Result<Self, StoreError> {
+        let stats = engine.stats().await?;
+        let alerts = engine.alerts_from(&stats).await?;
+        let mut by_name: BTreeMap<String, _> = engine
+            .topics()
+            .map(|t| (t.name.clone(), Default::default()))
+            .collect();
+        by_name.extend(stats.into_iter().map(|s| (s.topic.clone(), s)));
+        let topics = by_name
+            .into_iter()
+            .map(
+                |(name, s): (String, mailroom_core::TopicStats)| TopicAnswer {
+                    mode: engine.topic(&name).map_or("single", |t| t.mode.name()),
+                    handler: if engine.has_handler(&name) {
+                        "built-in"
+                    } else {
+                        "pull"
+                    },
+                    counts: Status::ALL
+                        .iter()
+                        .map(|st| (st.as_str(), s.count(*st)))
+                        .collect(),
+                    oldest_pending_age_seconds: s.oldest_pending_age(now).map(|d| d.as_secs_f64()),
+                    blocked_keys: s.blocked_keys,
+                    topic: name,
+                },
+            )
+            .collect();
+        Ok(Self { topics, alerts })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn sample(payload: &[u8]) -> Event {
+        Event {
+            id: EventId::new(),
+            source: "s".into(),
+            topic: "t".into(),
+            dedup_key: "d".into(),
+            key: None,
+            event_type: Some("created".into()),
+            status: Status::Pending,
+            attempts: 0,
+            max_attempts: 15,
+            next_attempt_at: None,
+            received_at: Timestamp::UNIX_EPOCH,
+            correlation_id: None,
+            causation_id: None,
+            content_type: None,
+            payload: Some(Bytes::copy_from_slice(payload)),
+            last_error: None,
+            lease_until: None,
+            history: vec![],
+        }
+    }
+
+    /// Every SPEC §12 field is present; a JSON payload is inlined, a binary
+    /// one base64-encoded; `history` only on full reads.
+    #[test]
+    fn the_event_object_has_the_spec_fields() {
+        let e = sample(br#"{"a":1}"#);
+        let j = serde_json::to_value(EventObject::summary(&e)).unwrap();
+        let mut keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "attempts",
+                "causation_id",
+                "content_type",
+                "correlation_id",
+                "dedup_key",
+                "id",
+                "key",
+                "last_error",
+                "max_attempts",
+                "next_attempt_at",
+                "payload",
+                "payload_base64",
+                "received_at",
+                "source",
+                "status",
+                "topic",
+                "type"
+            ]
+        );
+        assert_eq!(j["payload"]["a"], 1);
+        assert_eq!(j["id"], e.id.to_string());
+        assert_eq!(j["type"], "created");
+        assert_eq!(j["status"], "pending");
+        assert_eq!(j["received_at"], "1970-01-01T00:00:00Z");
+        assert!(j["payload_base64"].is_null());
+        let b = sample(b"\xff\x00");
+        let j = serde_json::to_value(EventObject::full(&b)).unwrap();
+        assert!(j["payload"].is_null());
+        assert_eq!(j["payload_base64"], "/wA=");
+        assert!(j["history"].is_array());
+    }
+}
