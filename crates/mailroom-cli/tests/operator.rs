@@ -115,6 +115,7 @@ async fn json_output_has_the_api_shapes() {
             "handler",
             "mode",
             "oldest_pending_age_seconds",
+            "rates",
             "topic"
         ]
     );
@@ -131,6 +132,7 @@ async fn json_output_has_the_api_shapes() {
             .as_f64()
             .is_some_and(|a| a >= 0.0)
     );
+    assert_eq!(topic["rates"]["done_per_second"], 1.0 / 60.0, "{topic}");
     assert!(status["alerts"].is_array());
 
     let (ok, out, err) = mailroom(dir.path(), &["events", "list", "--limit", "1", "--json"]);

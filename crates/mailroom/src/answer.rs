@@ -6,15 +6,21 @@
 //!   `token` and `lease_until`.
 //! - [`EventList`]: `{"events": [...], "next_cursor": ... | null}`.
 //! - [`StatsAnswer`]: `GET /v1/stats` and `mailroom status --json`: per
-//!   topic counts by status, oldest pending age, blocked keys; the alerts
-//!   firing.
+//!   topic counts by status, oldest pending age, blocked keys, rates over
+//!   the last [`RATE_WINDOW`]; the alerts firing.
 
 use crate::Engine;
 use jiff::Timestamp;
-use mailroom_core::{Alert, Attempt, Claimed, Event, EventId, Page, Status, StoreError};
+use mailroom_core::{
+    Alert, Attempt, AttemptWindow, Claimed, Event, EventId, Page, Status, StoreError, TopicStats,
+};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The window [`Rates`] are measured over.
+pub const RATE_WINDOW: Duration = Duration::from_secs(60);
 
 /// The event object of SPEC §12. `payload` is the JSON value when the body
 /// is JSON, else null with `payload_base64` set (both null once retention
@@ -173,6 +179,31 @@ pub struct TopicAnswer {
     pub oldest_pending_age_seconds: Option<f64>,
     /// Keys held back by a dead head.
     pub blocked_keys: u64,
+    /// Attempts finished lately.
+    pub rates: Rates,
+}
+
+/// Attempts that finished over the last [`RATE_WINDOW`], per second.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Rates {
+    /// The window's length.
+    pub window_seconds: u64,
+    /// Attempts that ended `done`.
+    pub done_per_second: f64,
+    /// Attempts that failed (retried or dead).
+    pub failed_per_second: f64,
+}
+
+impl Rates {
+    fn new(window: Option<&AttemptWindow>) -> Self {
+        let secs = RATE_WINDOW.as_secs_f64();
+        let (finished, failed) = window.map_or((0, 0), |w| (w.finished, w.failed));
+        Self {
+            window_seconds: RATE_WINDOW.as_secs(),
+            done_per_second: finished.saturating_sub(failed) as f64 / secs,
+            failed_per_second: failed as f64 / secs,
+        }
+    }
 }
 
 impl TopicAnswer {
@@ -187,34 +218,35 @@ fn alerts_json<S: serde::Serializer>(alerts: &[Alert], s: S) -> Result<S::Ok, S:
 }
 
 impl StatsAnswer {
-    /// Reads the engine's numbers ([`Engine::stats`]) and alerts once, at `now`.
+    /// Reads the engine's numbers ([`Engine::stats`]), recent attempts and
+    /// alerts once, at `now`.
     pub async fn read(engine: &Engine, now: Timestamp) -> Result<Self, StoreError> {
         let stats = engine.stats().await?;
         let alerts = engine.alerts_from(&stats).await?;
-        let mut by_name: BTreeMap<String, _> = engine
+        let windows = engine.recent_attempts(RATE_WINDOW).await?;
+        let mut by_name: BTreeMap<String, TopicStats> = engine
             .topics()
-            .map(|t| (t.name.clone(), Default::default()))
+            .map(|t| (t.name.clone(), TopicStats::default()))
             .collect();
         by_name.extend(stats.into_iter().map(|s| (s.topic.clone(), s)));
         let topics = by_name
             .into_iter()
-            .map(
-                |(name, s): (String, mailroom_core::TopicStats)| TopicAnswer {
-                    mode: engine.topic(&name).map_or("single", |t| t.mode.name()),
-                    handler: if engine.has_handler(&name) {
-                        "built-in"
-                    } else {
-                        "pull"
-                    },
-                    counts: Status::ALL
-                        .iter()
-                        .map(|st| (st.as_str(), s.count(*st)))
-                        .collect(),
-                    oldest_pending_age_seconds: s.oldest_pending_age(now).map(|d| d.as_secs_f64()),
-                    blocked_keys: s.blocked_keys,
-                    topic: name,
+            .map(|(name, s)| TopicAnswer {
+                mode: engine.topic(&name).map_or("single", |t| t.mode.name()),
+                handler: if engine.has_handler(&name) {
+                    "built-in"
+                } else {
+                    "pull"
                 },
-            )
+                counts: Status::ALL
+                    .iter()
+                    .map(|st| (st.as_str(), s.count(*st)))
+                    .collect(),
+                oldest_pending_age_seconds: s.oldest_pending_age(now).map(|d| d.as_secs_f64()),
+                blocked_keys: s.blocked_keys,
+                rates: Rates::new(windows.iter().find(|w| w.topic == name)),
+                topic: name,
+            })
             .collect();
         Ok(Self { topics, alerts })
     }

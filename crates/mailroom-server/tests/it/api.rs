@@ -126,6 +126,10 @@ async fn events_list_pages_filters_and_stats_count() {
     assert_eq!(work["counts"]["dead"], 1, "{work}");
     assert_eq!(work["counts"]["pending"], 0, "{work}");
     assert_eq!(work["handler"], "built-in");
+    // Three attempts ended in the last minute: two done, one dead.
+    assert_eq!(work["rates"]["window_seconds"], 60, "{work}");
+    assert_eq!(work["rates"]["done_per_second"], 2.0 / 60.0, "{work}");
+    assert_eq!(work["rates"]["failed_per_second"], 1.0 / 60.0, "{work}");
     assert!(server.engine.has_handler("work") && !server.engine.has_handler("parked"));
     let parked_stats = topic("parked");
     assert_eq!(parked_stats["counts"]["pending"], 5, "{parked_stats}");

@@ -3,8 +3,8 @@
 
 use super::Engine;
 use mailroom_core::{
-    Alert, AlertRules, Event, EventId, ListFilter, Page, PurgeReport, ReplayReport, Retention,
-    StoreError, TopicStats,
+    Alert, AlertRules, AttemptWindow, Event, EventId, ListFilter, Page, PurgeReport, ReplayReport,
+    Retention, StoreError, TopicStats,
 };
 use std::time::Duration;
 
@@ -108,6 +108,15 @@ impl Engine {
             }
         }
         Ok(stats)
+    }
+
+    /// Per topic, the attempts that finished in the last `window` (how many,
+    /// how many failed, p95) and the longest one still running.
+    pub async fn recent_attempts(
+        &self,
+        window: Duration,
+    ) -> Result<Vec<AttemptWindow>, StoreError> {
+        self.inner.store.attempt_window(window).await
     }
 
     /// The alert thresholds this engine evaluates.
