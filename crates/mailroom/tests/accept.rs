@@ -87,8 +87,8 @@ async fn enqueue_refuses_a_keyless_event_in_a_sequential_topic() {
     ));
 }
 
-/// Webhook intake applies the same rule: the body lacks the key, so the
-/// event is refused (400 on the wire) and nothing is stored.
+/// Webhook intake applies the same rules: a body without the key, or an
+/// oversized dedup key, is refused (400 on the wire) and nothing is stored.
 #[tokio::test]
 async fn webhook_intake_refuses_a_keyless_event_in_a_sequential_topic() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -111,6 +111,24 @@ async fn webhook_intake_refuses_a_keyless_event_in_a_sequential_topic() {
         }
         other => panic!("expected a KeyRequired refusal, got {other:?}"),
     }
+    let mut headers = HeaderMap::new();
+    let long = "x".repeat(mailroom::accept::MAX_FIELD_LEN + 1);
+    headers.insert("webhook-id", long.parse().expect("header"));
+    let body = Bytes::from_static(br#"{"customer":"c-1"}"#);
+    let err = engine
+        .ingest_webhook("shop", &headers, body)
+        .await
+        .expect_err("an oversized dedup key is refused");
+    assert!(
+        matches!(
+            err,
+            IntakeError::Refused(Refused::FieldLength {
+                field: "dedup key",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
     assert_eq!(stored(&engine).await, 0);
 }
 

@@ -15,7 +15,7 @@ use http::HeaderMap;
 use mailroom_core::{EventId, NewEvent};
 use sha2::{Digest, Sha256};
 
-pub use crate::accept::MAX_FIELD_LEN;
+use crate::accept::MAX_FIELD_LEN;
 
 /// Why a request was refused before it reached the store.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +78,8 @@ pub fn build_event(
         Some(field) => read(field, headers, &mut json, "key")?,
         None => None,
     };
+    // Optional headers too long to keep are dropped, not refused: the
+    // sender did not choose to send them for mailroom.
     let header = |name: &str| {
         headers
             .get(name)
@@ -110,7 +112,7 @@ fn default_dedup_key(headers: &HeaderMap, json: &mut LazyJson<'_>) -> Result<Str
     }
     if let Some(Ok(doc)) = json.get() {
         if let Some(v) = doc.pointer("/id").and_then(scalar) {
-            return check_len(v, "dedup key");
+            return Ok(v);
         }
     }
     read(&Field::BodySha256, headers, json, "dedup key").map(|v| v.unwrap_or_default())
@@ -137,7 +139,7 @@ fn read(
                 if v.is_empty() {
                     Ok(None)
                 } else {
-                    check_len(v.to_string(), what).map(Some)
+                    Ok(Some(v.to_string()))
                 }
             }
         },
@@ -154,7 +156,7 @@ fn read(
             match doc.pointer(pointer) {
                 None | Some(serde_json::Value::Null) => Ok(None),
                 Some(v) => match scalar(v) {
-                    Some(s) => check_len(s, what).map(Some),
+                    Some(s) => Ok(Some(s)),
                     None => Err(IntakeError::BadRequest(format!(
                         "{what} at {pointer} must be a string or a number"
                     ))),
@@ -169,16 +171,6 @@ fn scalar(v: &serde_json::Value) -> Option<String> {
         serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
-    }
-}
-
-fn check_len(v: String, what: &str) -> Result<String, IntakeError> {
-    if v.len() > MAX_FIELD_LEN {
-        Err(IntakeError::BadRequest(format!(
-            "{what} is longer than {MAX_FIELD_LEN} bytes"
-        )))
-    } else {
-        Ok(v)
     }
 }
 
@@ -309,12 +301,5 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("c9"));
         assert_eq!(e.correlation_id.as_deref(), Some("corr"));
         assert_eq!(e.content_type.as_deref(), Some("application/json"));
-    }
-
-    #[test]
-    fn oversized_ids_are_refused() {
-        let s = SourceSpec::new("s", "t");
-        let long = "x".repeat(MAX_FIELD_LEN + 1);
-        assert!(build(&s, &[("webhook-id", &long)], "").is_err());
     }
 }
