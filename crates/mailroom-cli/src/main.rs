@@ -35,7 +35,7 @@ fn stdout_failed(e: std::io::Error) {
     std::process::exit(0);
 }
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -78,19 +78,13 @@ pub enum Command {
         #[command(subcommand)]
         command: EventsCommand,
     },
-    /// Send events back to pending with a fresh attempt budget: one by id, or all matching a filter.
+    /// Send events back to pending with a fresh attempt budget: one by id, or all matching a filter (dead events unless --status says otherwise).
     Replay {
         /// Event id (omit to replay by filter).
         id: Option<String>,
-        /// Only this topic.
-        #[arg(long)]
-        topic: Option<String>,
-        /// Only events in this status (default: dead).
-        #[arg(long)]
-        status: Option<String>,
-        /// Only this key.
-        #[arg(long)]
-        key: Option<String>,
+        /// Which events.
+        #[command(flatten)]
+        filter: Filter,
     },
     /// Mark a dead event skipped so its key unblocks.
     Skip {
@@ -119,20 +113,29 @@ pub enum Command {
     },
 }
 
+/// `--topic`, `--status`, `--key`: which events `events list` shows and a
+/// bulk `replay` takes.
+#[derive(Debug, Clone, Args)]
+pub struct Filter {
+    /// Only this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only this status (pending, running, done, dead, skipped).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only this key.
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
 /// `events` verbs.
 #[derive(Debug, Subcommand)]
 pub enum EventsCommand {
     /// Newest first.
     List {
-        /// Only this topic.
-        #[arg(long)]
-        topic: Option<String>,
-        /// Only this status (pending, running, done, dead, skipped).
-        #[arg(long)]
-        status: Option<String>,
-        /// Only this key.
-        #[arg(long)]
-        key: Option<String>,
+        /// Which events.
+        #[command(flatten)]
+        filter: Filter,
         /// Page size (max 1000).
         #[arg(long, default_value_t = 100)]
         limit: u32,

@@ -1,7 +1,7 @@
 //! `mailroom events list|show`: read events, newest first, or one with its
 //! attempt history.
 
-use super::{load_config, offline_engine, parse_status};
+use super::{load_config, offline_engine};
 use crate::table::{clip, render};
 use crate::{Cli, EventsCommand};
 use anyhow::{Context, Result};
@@ -12,22 +12,19 @@ pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Resul
     let engine = offline_engine(&load_config(cli)?).await?;
     match command {
         EventsCommand::List {
-            topic,
-            status,
-            key,
+            filter,
             limit,
             cursor,
         } => {
+            let chosen = filter.to_list_filter(None)?;
             let filter = ListFilter {
-                topic: topic.clone(),
-                status: parse_status(status.as_deref())?,
-                key: key.clone(),
                 limit: (*limit).clamp(1, 1000),
                 cursor: cursor
                     .as_deref()
                     .map(str::parse)
                     .transpose()?
                     .map(KeyCursor),
+                ..chosen
             };
             list(&engine, &filter, json).await
         }

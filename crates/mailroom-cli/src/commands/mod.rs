@@ -13,9 +13,9 @@ mod serve;
 mod skip;
 mod status;
 
-use crate::{Cli, Command};
+use crate::{Cli, Command, Filter};
 use anyhow::{Context, Result};
-use mailroom::{Engine, Status, Store};
+use mailroom::{Engine, ListFilter, Status, Store};
 use mailroom_config::{Config, Topology};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,19 +28,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Migrate => migrate::run(&cli).await?,
         Command::Status => status::run(&cli, json).await?,
         Command::Events { command } => events::run(&cli, command, json).await?,
-        Command::Replay {
-            id,
-            topic,
-            status,
-            key,
-        } => {
-            let filter = replay::Filter {
-                topic: topic.clone(),
-                status: status.clone(),
-                key: key.clone(),
-            };
-            replay::run(&cli, id.as_deref(), filter, json).await?;
-        }
+        Command::Replay { id, filter } => replay::run(&cli, id.as_deref(), filter, json).await?,
         Command::Skip { id } => skip::run(&cli, id, json).await?,
         Command::Purge { older_than } => purge::run(&cli, older_than, json).await?,
         Command::Config { command } => config::run(&cli, command, json)?,
@@ -79,7 +67,19 @@ async fn offline_engine(config: &Config) -> Result<Engine> {
     Ok(Topology::from_config(config)?.into_builder(store).build()?)
 }
 
-fn parse_status(s: Option<&str>) -> Result<Option<Status>> {
-    s.map(|s| s.parse::<Status>().map_err(anyhow::Error::msg))
-        .transpose()
+impl Filter {
+    fn is_empty(&self) -> bool {
+        self.topic.is_none() && self.status.is_none() && self.key.is_none()
+    }
+
+    /// The store's filter, with `default_status` where `--status` is not given.
+    fn to_list_filter(&self, default_status: Option<Status>) -> Result<ListFilter> {
+        let status = self.status.as_deref().map(str::parse::<Status>).transpose();
+        Ok(ListFilter {
+            topic: self.topic.clone(),
+            status: status.map_err(anyhow::Error::msg)?.or(default_status),
+            key: self.key.clone(),
+            ..ListFilter::default()
+        })
+    }
 }

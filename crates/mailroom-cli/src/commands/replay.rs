@@ -1,26 +1,13 @@
 //! `mailroom replay`: send events back to pending with a fresh attempt
 //! budget, one by id or all matching a filter.
 
-use super::{load_config, offline_engine, parse_status};
-use crate::Cli;
+use super::{load_config, offline_engine};
+use crate::{Cli, Filter};
 use anyhow::{Result, bail};
 use mailroom::answer::EventObject;
-use mailroom::{Engine, ListFilter, Status};
+use mailroom::{Engine, Status};
 
-/// The filter flags of a bulk replay, as typed.
-pub(super) struct Filter {
-    pub topic: Option<String>,
-    pub status: Option<String>,
-    pub key: Option<String>,
-}
-
-impl Filter {
-    fn is_empty(&self) -> bool {
-        self.topic.is_none() && self.status.is_none() && self.key.is_none()
-    }
-}
-
-pub(super) async fn run(cli: &Cli, id: Option<&str>, filter: Filter, json: bool) -> Result<()> {
+pub(super) async fn run(cli: &Cli, id: Option<&str>, filter: &Filter, json: bool) -> Result<()> {
     let engine = offline_engine(&load_config(cli)?).await?;
     match id {
         Some(id) => {
@@ -48,18 +35,13 @@ async fn one(engine: &Engine, id: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-async fn matching(engine: &Engine, filter: Filter, json: bool) -> Result<()> {
-    let status = parse_status(filter.status.as_deref())?.unwrap_or(Status::Dead);
+async fn matching(engine: &Engine, filter: &Filter, json: bool) -> Result<()> {
+    let filter = filter.to_list_filter(Some(Status::Dead))?;
+    let status = filter.status.unwrap_or(Status::Dead);
     if status == Status::Running {
         bail!("running events cannot be replayed");
     }
     eprintln!("replaying {status} events…");
-    let filter = ListFilter {
-        topic: filter.topic,
-        status: Some(status),
-        key: filter.key,
-        ..ListFilter::default()
-    };
     let report = engine.replay_matching(&filter).await?;
     if json {
         outln!("{}", serde_json::json!(report));
