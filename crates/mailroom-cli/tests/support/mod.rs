@@ -97,7 +97,10 @@ impl Serve {
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                _ => panic!("mailroom did not stop within 30 s of SIGTERM"),
+                _ => panic!(
+                    "mailroom did not stop within 30 s of SIGTERM; its warnings: {:?}",
+                    self.problem_summary()
+                ),
             }
         }
     }
