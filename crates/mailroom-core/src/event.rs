@@ -30,6 +30,15 @@ impl EventId {
     }
 }
 
+impl EventId {
+    /// Parses an id read back from a store: one that does not parse means
+    /// the stored data is [`Corrupt`](crate::StoreError::Corrupt).
+    pub fn parse_stored(text: &str) -> crate::Result<Self> {
+        text.parse()
+            .map_err(|e: ParseEventIdError| crate::StoreError::Corrupt(e.to_string()))
+    }
+}
+
 impl Default for EventId {
     fn default() -> Self {
         Self::new()

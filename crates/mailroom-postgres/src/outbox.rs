@@ -22,8 +22,8 @@
 //!
 //! Rust applications using sqlx call [`enqueue`] with `&mut *tx`.
 
-use crate::sql::{db, parse_id};
-use mailroom_core::Result;
+use crate::sql::db;
+use mailroom_core::{EventId, Result};
 use uuid::Uuid;
 
 /// Calls `mailroom.enqueue(topic, type, key, payload, dedup_key)` on `conn`
@@ -61,5 +61,5 @@ pub async fn enqueue(
             .fetch_one(conn)
             .await
             .map_err(db("enqueueing an outbox event"))?;
-    Ok(parse_id(&id)?.0)
+    Ok(EventId::parse_stored(&id)?.0)
 }

@@ -1,7 +1,7 @@
 //! Completions: the fenced writes of a worker's attempt, recording its end
 //! (one, or a group in one statement) and extending its lease.
 
-use super::{db, micros, parse_id, ts};
+use super::{db, micros, ts};
 use jiff::Timestamp;
 use mailroom_core::{Completion, EventId, FencingToken, Result, Status, StoreError};
 use sqlx::PgPool;
@@ -201,5 +201,5 @@ async fn existing_ids(
     .fetch_all(&mut **tx)
     .await
     .map_err(db("completing attempts"))?;
-    found.iter().map(|id| parse_id(id)).collect()
+    found.iter().map(|id| EventId::parse_stored(id)).collect()
 }

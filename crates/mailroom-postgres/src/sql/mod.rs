@@ -105,17 +105,12 @@ pub(super) fn count(row: &PgRow, i: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| StoreError::Corrupt(format!("count {n} out of range")))
 }
 
-pub(crate) fn parse_id(text: &str) -> Result<EventId> {
-    text.parse()
-        .map_err(|e| StoreError::Corrupt(format!("event id {text:?}: {e}")))
-}
-
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
     let id: String = col(row, 1)?;
     let status: String = col(row, 7)?;
     let event = Event {
-        id: parse_id(&id)?,
+        id: EventId::parse_stored(&id)?,
         source: col(row, 2)?,
         topic: col(row, 3)?,
         dedup_key: col(row, 4)?,

@@ -1,7 +1,7 @@
 //! Rows: inserting events (a group of them in one statement), reading one
 //! with its history, and listing them a page at a time.
 
-use super::{col, count, db, event_from_row, events_from_rows, opt_ts, parse_id, ts};
+use super::{col, count, db, event_from_row, events_from_rows, opt_ts, ts};
 use mailroom_core::{
     Attempt, Event, EventId, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result, Status,
     StoreError,
@@ -155,7 +155,7 @@ fn answers(
                 )));
             };
             Ok(Inserted {
-                id: parse_id(stored_id)?,
+                id: EventId::parse_stored(stored_id)?,
                 duplicate: true,
             })
         })

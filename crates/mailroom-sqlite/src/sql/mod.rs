@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use jiff::Timestamp;
-use mailroom_core::{Event, Result, StoreError};
+use mailroom_core::{Event, EventId, Result, StoreError};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, Row, ToSql};
 use std::time::Duration;
@@ -95,9 +95,7 @@ pub(super) fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
     let id: String = col(row, 1)?;
     let status: String = col(row, 7)?;
     let event = Event {
-        id: id
-            .parse()
-            .map_err(|e| StoreError::Corrupt(format!("event id {id:?}: {e}")))?,
+        id: EventId::parse_stored(&id)?,
         source: col(row, 2)?,
         topic: col(row, 3)?,
         dedup_key: col(row, 4)?,

@@ -51,9 +51,7 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
         .map_err(db(CTX))?
         .query_row((&e.source, &e.dedup_key), |r| r.get(0))
         .map_err(db(CTX))?;
-    let id = stored
-        .parse()
-        .map_err(|err| StoreError::Corrupt(format!("event id {stored:?}: {err}")))?;
+    let id = EventId::parse_stored(&stored)?;
     Ok(Inserted {
         id,
         duplicate: true,
