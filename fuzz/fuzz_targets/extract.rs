@@ -1,5 +1,6 @@
 //! Feeds arbitrary headers and bodies to `mailroom::intake::build_event`, the
-//! step that reads the dedup key, type and ordering key of a webhook, with
+//! step that reads the dedup key, type and ordering key of a webhook, then to
+//! `mailroom::accept::check`, the topic's rules every door applies, with
 //! sources that read them from headers, from JSON pointers, through the
 //! default chain (`webhook-id`, `Idempotency-Key`, `/id`, SHA-256 of the
 //! body), and into sequential topics (with and without a default key).
@@ -18,7 +19,8 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use mailroom::intake::{MAX_FIELD_LEN, build_event};
+use mailroom::accept::{MAX_FIELD_LEN, check};
+use mailroom::intake::build_event;
 use mailroom::topology::RateLimit;
 use mailroom::{Field, Mode, SourceSpec, TopicSpec};
 
@@ -90,6 +92,10 @@ fuzz_target!(|data: &[u8]| {
     let body = Bytes::copy_from_slice(body);
     for (source, topic) in CASES.iter() {
         let Ok(event) = build_event(source, topic, &headers, body.clone()) else {
+            continue;
+        };
+        // The topic's rules (the same on every door) bound what is stored.
+        let Ok(event) = check(topic, event) else {
             continue;
         };
         assert!(!event.dedup_key.is_empty(), "empty dedup key");

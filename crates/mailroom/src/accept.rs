@@ -1,7 +1,7 @@
 //! The one rule set an incoming event must satisfy for its topic before it
 //! is stored, whatever its door: webhooks ([`Engine::ingest_webhook`]),
 //! `POST /v1/events`, the library ([`Engine::enqueue`]) and AMQP sources
-//! all pass their [`NewEvent`] through this module's `check` (reached as
+//! all pass their [`NewEvent`] through [`check`] (from a [`Draft`], through
 //! [`Engine::accept`]).
 //!
 //! - The topic is declared ([`Engine::enqueue`]; a webhook source's topic
@@ -22,6 +22,7 @@
 //! [`Engine::ingest_webhook`]: crate::Engine::ingest_webhook
 //! [`Engine::enqueue`]: crate::Engine::enqueue
 //! [`Engine::accept`]: crate::Engine::accept
+//! [`Draft`]: crate::Draft
 
 use crate::topology::TopicSpec;
 use mailroom_core::{Mode, NewEvent};
@@ -78,7 +79,7 @@ impl Refused {
 
 /// Applies `topic`'s rules to `event`: fills in the topic's `default_key`
 /// and attempt budget, then refuses what the topic cannot take.
-pub(crate) fn check(topic: &TopicSpec, mut event: NewEvent) -> Result<NewEvent, Refused> {
+pub fn check(topic: &TopicSpec, mut event: NewEvent) -> Result<NewEvent, Refused> {
     if event.key.is_none() {
         event.key.clone_from(&topic.default_key);
     }

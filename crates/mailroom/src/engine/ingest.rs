@@ -25,7 +25,7 @@ pub enum EnqueueError {
     Store(#[from] StoreError),
 }
 
-/// An event that passed its topic's rules ([`mailroom::accept`](crate::accept)): the
+/// An event that passed its topic's rules ([`crate::accept::check`]): the
 /// only kind [`Engine::insert`] stores.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Accepted(NewEvent);
