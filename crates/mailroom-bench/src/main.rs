@@ -245,9 +245,15 @@ struct AmqpArgs {
     /// Prefetch values of the inbound phases.
     #[arg(long, value_delimiter = ',', default_value = "10,256")]
     prefetch: Vec<u16>,
-    /// Attempts in flight of the relay topic.
+    /// Attempts in flight of the single relay topic.
     #[arg(long, default_value_t = 256)]
     relay_concurrency: u32,
+    /// `max_size` of the batch relay topic (0: skip the batch relay).
+    #[arg(long, default_value_t = 500)]
+    relay_batch_size: u32,
+    /// Deliveries in flight of the batch relay topic.
+    #[arg(long, default_value_t = 4)]
+    relay_batch_concurrency: u32,
     /// Give up on a phase after this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     timeout: Duration,
@@ -445,6 +451,8 @@ async fn run_amqp(a: AmqpArgs) -> anyhow::Result<ExitCode> {
         body_size: a.body_size,
         prefetch: a.prefetch.into_iter().map(|p| p.max(1)).collect(),
         relay_concurrency: a.relay_concurrency.max(1),
+        relay_batch_size: a.relay_batch_size,
+        relay_batch_concurrency: a.relay_batch_concurrency.max(1),
         timeout: a.timeout,
     };
     let report = amqp::run(settings.clone()).await?;

@@ -6,7 +6,9 @@ use crate::backend::{Backend, Opened};
 use crate::counting::CountingStore;
 use anyhow::Context;
 use mailroom::handler::{BatchOutcome, Handler};
-use mailroom::{Draft, Engine, Event, Outcome, Status, Store, StoreError, TopicSpec};
+use mailroom::{
+    BatchSettings, Draft, Engine, Event, Mode, Outcome, Status, Store, StoreError, TopicSpec,
+};
 use mailroom_amqp::{AmqpConnection, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -155,10 +157,51 @@ async fn preload(engine: &Engine, n: u64, body_size: usize) -> anyhow::Result<()
     Ok(())
 }
 
+/// The relay topic's shape.
+#[derive(Debug, Clone, Copy)]
+pub enum RelayTopic {
+    /// A `single` topic: one event per attempt, `concurrency` in flight.
+    Single { concurrency: u32 },
+    /// A `batch` topic: up to `max_size` events per delivery, published
+    /// together and confirmed together; `concurrency` deliveries in flight.
+    Batch { max_size: u32, concurrency: u32 },
+}
+
+impl RelayTopic {
+    fn spec(self) -> TopicSpec {
+        match self {
+            Self::Single { concurrency } => TopicSpec::new(RELAY).concurrency(concurrency),
+            Self::Batch {
+                max_size,
+                concurrency,
+            } => TopicSpec::new(RELAY)
+                .mode(Mode::Batch(BatchSettings {
+                    max_size,
+                    max_wait: Duration::from_millis(50),
+                    schedule: None,
+                    group_by: None,
+                }))
+                .concurrency(concurrency),
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            Self::Single { concurrency } => {
+                format!("mailroom relay: single, concurrency {concurrency}")
+            }
+            Self::Batch {
+                max_size,
+                concurrency,
+            } => format!("mailroom relay: batch {max_size}, concurrency {concurrency}"),
+        }
+    }
+}
+
 /// N committed outbox events published by a topic with an AMQP handler on
 /// a supervised connection. Timed from the dispatcher's start until every
 /// event is `done` (confirmed by the broker and recorded).
-pub async fn relay(ctx: &Ctx, route: &Route) -> anyhow::Result<Phase> {
+pub async fn relay(ctx: &Ctx, route: &Route, shape: RelayTopic) -> anyhow::Result<Phase> {
     let n = ctx.settings.messages;
     let (fresh, opened, counting) = fresh_store().await?;
     let handler = AmqpHandler::new(AmqpHandlerSpec::new(&route.exchange, &route.routing_key));
@@ -167,9 +210,8 @@ pub async fn relay(ctx: &Ctx, route: &Route) -> anyhow::Result<Phase> {
         inner: handler.clone(),
         done: done.clone(),
     };
-    let topic = TopicSpec::new(RELAY).concurrency(ctx.settings.relay_concurrency);
     let engine = Engine::builder(Arc::new(counting))
-        .topic(topic)
+        .topic(shape.spec())
         .handler(RELAY, Arc::new(counted))
         .build()?;
     preload(&engine, n, ctx.settings.body_size).await?;
@@ -197,14 +239,7 @@ pub async fn relay(ctx: &Ctx, route: &Route) -> anyhow::Result<Phase> {
         Ok(count(&engine, RELAY, Status::Done).await? >= n)
     })
     .await?;
-    let phase = meter.finish(
-        format!(
-            "mailroom relay, concurrency {}",
-            ctx.settings.relay_concurrency
-        ),
-        n,
-        Some(opened.commits() - commits),
-    );
+    let phase = meter.finish(shape.name(), n, Some(opened.commits() - commits));
     stop.cancel();
     dispatcher.await?;
     supervisor.await?;
