@@ -30,6 +30,7 @@ mod handwritten;
 mod lapin_only;
 
 use crate::procfs;
+use crate::stats::fmt_times;
 use anyhow::Context;
 use lapin::{Channel, Connection, ConnectionProperties};
 use mailroom_amqp::{ExchangeSpec, ExchangeType, QueueSpec, Topology};
@@ -388,7 +389,6 @@ pub fn ratios(s: &Settings, phases: &[Phase]) -> Ratios {
 }
 
 pub fn print(s: &Settings, report: &Report) {
-    let phases = &report.phases;
     println!(
         "machine: {} CPUs; load average before {}, after {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -399,11 +399,29 @@ pub fn print(s: &Settings, report: &Report) {
         "amqp: {} messages of {} B per phase (hand-written relay: {}), prefetch {:?}",
         s.messages, s.body_size, s.handwritten_messages, s.prefetch
     );
+    print_phases(&report.phases);
+    print_ratios(s, &report.phases);
+    println!(
+        "SQLite commit latency (1 row of {} B, WAL, synchronous = FULL): {:.2} ms",
+        s.body_size, report.commit_latency_ms
+    );
+    println!(
+        "(broker, bench: CPU as a share of one core; MiB: bytes each process sent to the disk; ratios use the median of a phase measured more than once)"
+    );
+}
+
+/// `42%`, or `-` where there is no figure.
+fn pct(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0))
+}
+
+/// A line per phase: its rate, CPU, commits and disk writes; then each
+/// phase's CPU by thread.
+fn print_phases(phases: &[Phase]) {
     println!(
         "{:<50} {:>8} {:>7} {:>8} {:>7} {:>7} {:>8} {:>9} {:>9}",
         "phase", "messages", "secs", "msgs/s", "broker", "bench", "commits", "brk MiB", "bench MiB"
     );
-    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
     for p in phases {
         println!(
             "{:<50} {:>8} {:>7.2} {:>8.0} {:>7} {:>7} {:>8} {:>9} {:>9.0}",
@@ -426,13 +444,17 @@ pub fn print(s: &Settings, report: &Report) {
             .collect();
         println!("  {}: {}", p.name, threads.join(", "));
     }
+}
+
+/// The ratios against their targets, and the ack-after-commit bound of
+/// each inbound phase.
+fn print_ratios(s: &Settings, phases: &[Phase]) {
     let r = ratios(s, phases);
-    let x = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
     for relay in &r.relays {
         println!(
             "{} vs hand-written relay: {} (target >= 10x); vs lapin publish floor: {} (target >= 60%)",
             relay.relay,
-            x(relay.vs_handwritten),
+            fmt_times(relay.vs_handwritten),
             pct(relay.vs_publish_floor)
         );
     }
@@ -450,13 +472,6 @@ pub fn print(s: &Settings, report: &Report) {
             bound.map_or("-".into(), |b| format!("{b:.0}"))
         );
     }
-    println!(
-        "SQLite commit latency (1 row of {} B, WAL, synchronous = FULL): {:.2} ms",
-        s.body_size, report.commit_latency_ms
-    );
-    println!(
-        "(broker, bench: CPU as a share of one core; MiB: bytes each process sent to the disk; ratios use the median of a phase measured more than once)"
-    );
 }
 
 #[cfg(test)]
