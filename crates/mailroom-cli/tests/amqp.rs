@@ -163,7 +163,7 @@ async fn metric(base: &str, name: &str, labels: &[&str]) -> f64 {
         .filter(|l| l.starts_with(&format!("{name}{{")))
         .filter(|l| labels.iter().all(|p| l.contains(p)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// A config consuming `<base>.in` (bound to `<base>.events` with `in.*`,
