@@ -25,6 +25,10 @@ use tokio_util::sync::CancellationToken;
 /// First and longest delay between reconnection attempts.
 const RECONNECT: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
 
+/// How long closing a connection waits for the broker's close-ok: a
+/// broker that does not answer must not hold a shutdown.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(3);
+
 /// Connects to `url`, declares `topology` once and closes the connection:
 /// `mailroom amqp declare`, and `serve`'s check before it starts (a
 /// conflicting queue is [`AmqpError::Inequivalent`]).
@@ -146,46 +150,82 @@ impl AmqpConnection {
     }
 
     /// One connection's life: set up, run until it is lost or `shutdown`.
+    /// Every wait for the broker ends at `shutdown` or within a bound: a
+    /// broker that accepts TCP but never answers must not hold a SIGTERM.
     async fn session(&self, shutdown: &CancellationToken, failures: &mut u32) -> Result<()> {
-        let conn = Connection::connect(&self.url, ConnectionProperties::default())
-            .await
-            .map_err(|e| AmqpError::broker("connecting", e))?;
+        let connecting = Connection::connect(&self.url, ConnectionProperties::default());
+        let conn = tokio::select! {
+            conn = connecting => conn.map_err(|e| AmqpError::broker("connecting", e))?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
         let mut events = conn.events_listener();
-        let channel = open_channel(&conn).await?;
-        declare(&channel, &self.topology).await?;
-        for h in &self.handlers {
-            h.attach(open_channel(&conn).await?).await?;
-        }
         let stop = shutdown.child_token();
         let mut consumers = JoinSet::new();
-        for s in &self.sources {
-            let (source, ch, stop) = (s.clone(), open_channel(&conn).await?, stop.clone());
-            consumers.spawn(async move { source.consume(&ch, &stop).await });
-        }
-        self.status.set(true);
-        *failures = 0;
-        tracing::info!(connection = %self.status.name(), sources = self.sources.len(), handlers = self.handlers.len(), "AMQP connection up");
-        let ended = loop {
-            tokio::select! {
-                () = stop.cancelled() => break Ok(()),
-                Some(done) = consumers.join_next() => break match done {
-                    Ok(Err(e)) => Err(e),
-                    Ok(Ok(())) if stop.is_cancelled() => Ok(()),
-                    Ok(Ok(())) => Err(AmqpError::Invalid("a consumer stopped".into())),
-                    Err(e) => Err(AmqpError::Invalid(format!("a consumer failed: {e}"))),
-                },
-                event = events.next() => match event {
-                    Some(lapin::Event::Error(e)) => break Err(AmqpError::broker("connection lost", e)),
-                    Some(_) => {}
-                    None => break Err(AmqpError::Invalid("the connection closed".into())),
-                },
+        let set_up = tokio::select! {
+            set_up = self.set_up(&conn, &stop, &mut consumers) => Some(set_up),
+            () = stop.cancelled() => None,
+        };
+        let ended = match set_up {
+            Some(Ok(())) => {
+                self.status.set(true);
+                *failures = 0;
+                tracing::info!(connection = %self.status.name(), sources = self.sources.len(), handlers = self.handlers.len(), "AMQP connection up");
+                watch(&stop, &mut consumers, &mut events).await
             }
+            Some(Err(e)) => Err(e),
+            None => Ok(()),
         };
         stop.cancel();
+        // Each consumer stops within its own bound (`source::STOP_GRACE`).
         while consumers.join_next().await.is_some() {}
-        // After a loss this fails at once; after shutdown it closes cleanly.
-        let _ = conn.close(200, "OK".into()).await;
+        // After a loss this fails at once; after shutdown it closes cleanly,
+        // unless the broker does not answer.
+        let _ = tokio::time::timeout(CLOSE_GRACE, conn.close(200, "OK".into())).await;
         ended
+    }
+
+    /// Declares the topology, attaches the handlers and starts the sources'
+    /// consumers (into `consumers`, until `stop`).
+    async fn set_up(
+        &self,
+        conn: &Connection,
+        stop: &CancellationToken,
+        consumers: &mut JoinSet<Result<()>>,
+    ) -> Result<()> {
+        let channel = open_channel(conn).await?;
+        declare(&channel, &self.topology).await?;
+        for h in &self.handlers {
+            h.attach(open_channel(conn).await?).await?;
+        }
+        for s in &self.sources {
+            let (source, ch, stop) = (s.clone(), open_channel(conn).await?, stop.clone());
+            consumers.spawn(async move { source.consume(&ch, &stop).await });
+        }
+        Ok(())
+    }
+}
+
+/// Runs until `stop`, a consumer's end, or the connection's loss.
+async fn watch(
+    stop: &CancellationToken,
+    consumers: &mut JoinSet<Result<()>>,
+    events: &mut (impl futures::Stream<Item = lapin::Event> + Unpin),
+) -> Result<()> {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            Some(done) = consumers.join_next() => return match done {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) if stop.is_cancelled() => Ok(()),
+                Ok(Ok(())) => Err(AmqpError::Invalid("a consumer stopped".into())),
+                Err(e) => Err(AmqpError::Invalid(format!("a consumer failed: {e}"))),
+            },
+            event = events.next() => match event {
+                Some(lapin::Event::Error(e)) => return Err(AmqpError::broker("connection lost", e)),
+                Some(_) => {}
+                None => return Err(AmqpError::Invalid("the connection closed".into())),
+            },
+        }
     }
 }
 

@@ -35,6 +35,13 @@ pub const CAUSATION_HEADER: &str = "mailroom-causation-id";
 /// First and longest pause after a failed commit.
 const PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
 
+/// How long a consumer may take to stop once its loop ends (cancel the
+/// consumer, store and settle the deliveries in flight, close the channel):
+/// every step waits for the broker, which may never answer (a partition, a
+/// blocked connection; lapin notices a silent peer only after two heartbeat
+/// intervals, 2 min by default).
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// An AMQP source's settings (`[[source]] amqp = { url, queue, prefetch }`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmqpSourceSpec {
@@ -132,21 +139,13 @@ impl AmqpSource {
     /// return to the queue and are deduplicated when redelivered).
     pub async fn consume(&self, channel: &Channel, shutdown: &CancellationToken) -> Result<()> {
         let spec = &self.inner.spec;
-        let queue = short("queue", &spec.queue)?;
-        channel
-            .basic_qos(spec.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(|e| AmqpError::broker("setting the prefetch", e))?;
-        let mut consumer = channel
-            .basic_consume(
-                queue,
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| AmqpError::broker(format!("consuming queue {:?}", spec.queue), e))?;
-        tracing::info!(source = %spec.name, queue = %spec.queue, prefetch = spec.prefetch, "consuming");
+        // A broker that stops answering before the consume-ok must not hold
+        // a shutdown: nothing was delivered yet, the channel closes with
+        // its connection.
+        let mut consumer = tokio::select! {
+            started = self.start(channel) => started?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
         let mut in_flight = JoinSet::new();
         let mut pause = Pause::default();
         let ended = loop {
@@ -171,22 +170,63 @@ impl AmqpSource {
                 },
             }
         };
-        if ended.is_ok() {
+        let wind_down = self.wind_down(channel, consumer.tag(), &mut in_flight, ended.is_ok());
+        if tokio::time::timeout(STOP_GRACE, wind_down).await.is_err() {
+            // A broker that stopped answering (or a store that cannot
+            // commit): the deliveries still in flight are dropped unacked,
+            // so they return to the queue and are deduplicated when
+            // redelivered.
+            tracing::warn!(source = %spec.name, grace = ?STOP_GRACE, "the consumer did not stop cleanly in time; unacknowledged deliveries return to the queue");
+        }
+        ended
+    }
+
+    /// Sets the prefetch and starts consuming the queue.
+    async fn start(&self, channel: &Channel) -> Result<lapin::Consumer> {
+        let spec = &self.inner.spec;
+        let queue = short("queue", &spec.queue)?;
+        channel
+            .basic_qos(spec.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::broker("setting the prefetch", e))?;
+        let consumer = channel
+            .basic_consume(
+                queue,
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::broker(format!("consuming queue {:?}", spec.queue), e))?;
+        tracing::info!(source = %spec.name, queue = %spec.queue, prefetch = spec.prefetch, "consuming");
+        Ok(consumer)
+    }
+
+    /// After the consume loop: on a graceful stop, cancels the consumer;
+    /// lets the deliveries in flight be stored and settled; then, on a
+    /// graceful stop, closes `channel` and waits for the broker's close-ok,
+    /// which it sends only after the acks before it (closing the
+    /// connection at once let the broker requeue acked deliveries: dozens
+    /// of each 200 in flight at a SIGTERM were redelivered, though stored).
+    /// Each step waits for the broker: [`Self::consume`] bounds the whole.
+    async fn wind_down(
+        &self,
+        channel: &Channel,
+        tag: lapin::types::ShortString,
+        in_flight: &mut JoinSet<Verdict>,
+        graceful: bool,
+    ) {
+        if graceful {
             // Stop deliveries; those already buffered go back to the queue
             // when the channel closes.
             let _ = channel
-                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                .basic_cancel(tag, BasicCancelOptions::default())
                 .await;
         }
         while in_flight.join_next().await.is_some() {}
-        if ended.is_ok() {
-            // Close the channel and wait for the broker's close-ok, which it
-            // sends only after the acks before it: closing the connection at
-            // once let the broker requeue acked deliveries (dozens of each
-            // 200 in flight at a SIGTERM were redelivered, though stored).
+        if graceful {
             let _ = channel.close(200, "OK".into()).await;
         }
-        ended
     }
 
     /// Stores one delivery, then acks, rejects or nacks it.

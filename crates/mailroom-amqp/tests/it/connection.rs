@@ -1,5 +1,7 @@
-use crate::{connect, delete, eventually, ready, sqlite_store, unique};
+use crate::{connect, consumers, delete, eventually, ready, sqlite_store, unique};
 use mailroom::{Backoff, Draft, Engine, ListFilter, RetryPolicy, Status, TopicSpec};
+use mailroom_amqp::connection::CLOSE_GRACE;
+use mailroom_amqp::source::STOP_GRACE;
 use mailroom_amqp::{
     AmqpConnection, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec, ExchangeSpec,
     ExchangeType, QueueSpec, Topology,
@@ -13,10 +15,13 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 /// A TCP proxy in front of the broker that can cut every connection and
-/// refuse new ones: the network view of a broker going down and back up.
+/// refuse new ones: the network view of a broker going down and back up. It
+/// can also freeze: connections stay open and nothing more passes, the view
+/// of a broker that stopped answering (a partition, a blocked connection).
 struct Proxy {
     addr: SocketAddr,
     open: Arc<AtomicBool>,
+    frozen: CancellationToken,
     pipes: Arc<Mutex<Vec<AbortHandle>>>,
 }
 
@@ -26,19 +31,33 @@ impl Proxy {
         let proxy = Proxy {
             addr: listener.local_addr().expect("addr"),
             open: Arc::new(AtomicBool::new(true)),
+            frozen: CancellationToken::new(),
             pipes: Arc::new(Mutex::new(vec![])),
         };
-        let (open, pipes) = (proxy.open.clone(), proxy.pipes.clone());
+        let (open, frozen, pipes) = (
+            proxy.open.clone(),
+            proxy.frozen.clone(),
+            proxy.pipes.clone(),
+        );
         tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 if !open.load(Ordering::SeqCst) {
                     continue; // dropped: connection refused, in effect
                 }
-                let Ok(mut server) = TcpStream::connect(&broker).await else {
-                    continue;
-                };
+                let (frozen, broker) = (frozen.clone(), broker.clone());
                 let pipe = tokio::spawn(async move {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    if frozen.is_cancelled() {
+                        // Accepted, and never a byte back.
+                        return std::future::pending::<()>().await;
+                    }
+                    let Ok(mut server) = TcpStream::connect(&broker).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        // Both sockets stay open; nothing passes any more.
+                        () = frozen.cancelled() => std::future::pending::<()>().await,
+                    }
                 });
                 pipes.lock().expect("lock").push(pipe.abort_handle());
             }
@@ -63,6 +82,20 @@ impl Proxy {
 
     fn restore(&self) {
         self.open.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on nothing passes either way, on open connections as on
+    /// new ones, and no connection is closed.
+    fn freeze(&self) {
+        self.frozen.cancel();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for p in self.pipes.lock().expect("lock").drain(..) {
+            p.abort();
+        }
     }
 }
 
@@ -159,4 +192,71 @@ async fn relay_and_consumer_heal_after_the_connection_is_cut() {
     .await;
     stop.cancel();
     delete(&conn, &[queue], &[exchange]).await;
+}
+
+/// A connection consuming a queue; the broker then stops answering (the
+/// proxy freezes: TCP stays open, no frame passes) and the connection is
+/// stopped. It stops within its bounds (the consumer's cancel and channel
+/// close give up after `STOP_GRACE`, the connection's close after
+/// `CLOSE_GRACE`), not after lapin's heartbeat timeout (2 min) or never:
+/// `serve` must exit after a SIGTERM whatever the broker does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_does_not_hold_the_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let queue = unique("silent");
+    let engine = Engine::builder(sqlite_store(&dir).await)
+        .topic(TopicSpec::new("inbound"))
+        .build()
+        .expect("engine");
+    let source = AmqpSource::new(
+        engine.clone(),
+        AmqpSourceSpec::new("rabbit", "inbound", &queue),
+    )
+    .expect("source");
+    let proxy = Proxy::start(broker_addr()).await;
+    let topology = Topology {
+        exchanges: vec![],
+        queues: vec![QueueSpec::new(&queue)],
+    };
+    let connection = AmqpConnection::new(proxy.url())
+        .topology(topology)
+        .source(source);
+    let status = connection.status();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(connection.run(stop.clone()));
+    eventually(10, "the connection is up", || async { status.is_up() }).await;
+    // Frozen once the consumer runs, so its stop has a cancel to send.
+    let conn = connect().await;
+    eventually(10, "the queue has its consumer", || async {
+        consumers(&conn, &queue).await == 1
+    })
+    .await;
+
+    proxy.freeze();
+    let started = std::time::Instant::now();
+    stop.cancel();
+    let bound = STOP_GRACE + CLOSE_GRACE + Duration::from_secs(3);
+    let stopped = tokio::time::timeout(bound, running).await;
+    assert!(
+        stopped.is_ok(),
+        "still running {:?} after the stop (bound {bound:?})",
+        started.elapsed()
+    );
+    drop(proxy);
+    delete(&conn, &[queue], &[]).await;
+}
+
+/// A broker that accepts TCP and never speaks: the connection, still
+/// connecting, stops at once when asked.
+#[tokio::test]
+async fn a_connection_still_connecting_stops_at_once() {
+    let proxy = Proxy::start(broker_addr()).await;
+    proxy.freeze();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(AmqpConnection::new(proxy.url()).run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!running.is_finished(), "the handshake cannot have ended");
+    stop.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(2), running).await;
+    assert!(stopped.is_ok(), "still connecting 2 s after the stop");
 }

@@ -58,6 +58,15 @@ pub async fn sqlite_at(path: &std::path::Path) -> Arc<dyn mailroom::Store> {
 
 /// Ready messages in `queue`, seen by a passive declare.
 pub async fn ready(conn: &Connection, queue: &str) -> u32 {
+    passive(conn, queue).await.message_count()
+}
+
+/// Consumers of `queue`, seen by a passive declare.
+pub async fn consumers(conn: &Connection, queue: &str) -> u32 {
+    passive(conn, queue).await.consumer_count()
+}
+
+async fn passive(conn: &Connection, queue: &str) -> lapin::Queue {
     let ch = conn.create_channel().await.expect("channel");
     let passive = lapin::options::QueueDeclareOptions {
         passive: true,
@@ -68,7 +77,7 @@ pub async fn ready(conn: &Connection, queue: &str) -> u32 {
         .await
         .expect("queue exists");
     let _ = ch.close(200, "OK".into()).await;
-    q.message_count()
+    q
 }
 
 /// Polls `check` every 20 ms for up to `secs` seconds.
