@@ -127,7 +127,8 @@ pub async fn serve(
 }
 
 /// Serves `router` on `listener` until `shutdown`; then stops accepting and
-/// finishes requests in flight (so nothing half-committed is answered).
+/// finishes requests in flight (so nothing half-committed is answered),
+/// for at most `limits.shutdown_grace`, then closes what is left.
 ///
 /// Connections are served by hyper directly (not `axum::serve`) for the
 /// limits a public listener needs: `limits.header_read_timeout`,

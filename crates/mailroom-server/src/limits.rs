@@ -41,6 +41,11 @@ pub struct Limits {
     /// Largest `POST /v1/events` body (webhooks use each source's `max_body`).
     /// Default 1 MiB.
     pub api_max_body: u64,
+    /// Time the requests in progress at shutdown have to finish; then
+    /// their connections are closed (a request cut off got no answer, so
+    /// its sender retries). Without it a client that stalls mid-body, or
+    /// never reads its answer, holds the shutdown forever. Default 10 s.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -53,6 +58,7 @@ impl Default for Limits {
             max_headers: 100,
             max_header_bytes: 16 * 1024,
             api_max_body: 1024 * 1024,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -171,6 +177,8 @@ pub(crate) async fn serve_connections(
         // few syscalls while bounding each connection's buffer.
         .max_buf_size(limits.max_header_bytes.max(64 * 1024));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Cancelled when the shutdown grace ends: closes what is still open.
+    let cut = tokio_util::sync::CancellationToken::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
         let slot = tokio::select! {
@@ -199,15 +207,26 @@ pub(crate) async fn serve_connections(
             TowerToHyperService::new(router.clone()),
         );
         let conn = graceful.watch(conn);
+        let cut = cut.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection closed with an error");
+            tokio::select! {
+                served = conn => if let Err(e) = served {
+                    tracing::debug!(error = %e, "connection closed with an error");
+                },
+                () = cut.cancelled() => {}
             }
             drop(slot);
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let grace = limits.shutdown_grace;
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?grace, "requests still in progress at the end of the shutdown grace: their connections are closed");
+        cut.cancel();
+    }
     Ok(())
 }
 

@@ -125,6 +125,7 @@ fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::li
             usize::try_from(b.0).unwrap_or(usize::MAX)
         }),
         api_max_body: c.api_max_body.map_or(d.api_max_body, |b| b.0),
+        shutdown_grace: d.shutdown_grace,
     }
 }
 

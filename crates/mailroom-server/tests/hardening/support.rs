@@ -257,8 +257,10 @@ impl Server {
             .events
     }
 
-    /// Stops accepting, finishes requests in flight, and waits for that.
-    pub async fn stop(mut self) {
+    /// Stops accepting, finishes requests in flight, and waits for that;
+    /// returns how long it took.
+    pub async fn stop(mut self) -> Duration {
+        let started = std::time::Instant::now();
         self.shutdown.cancel();
         if let Some(t) = self.task.take() {
             tokio::time::timeout(Duration::from_secs(15), t)
@@ -266,6 +268,7 @@ impl Server {
                 .expect("server stops")
                 .expect("server task does not panic");
         }
+        started.elapsed()
     }
 }
 

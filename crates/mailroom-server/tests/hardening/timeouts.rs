@@ -1,10 +1,11 @@
 //! Read deadlines: a sender trickling one byte per second is cut off, while
 //! other requests are served normally.
 
-use crate::support::{Server, start};
+use crate::support::{Gate, Server, start};
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
 use mailroom_server::limits::Limits;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -106,4 +107,44 @@ async fn a_slow_body_sender_gets_408() {
     let stored = s.stored("t").await;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].dedup_key, "n2");
+}
+
+/// A request that never ends (its insert held at a gate: the view of a
+/// client stalled mid-body, or one that never reads its answer) does not
+/// hold the shutdown: after `shutdown_grace` its connection is closed, and
+/// its sender, answered nothing, sees an error (so it retries).
+#[tokio::test]
+async fn a_request_that_never_ends_does_not_hold_the_shutdown() {
+    let gate = Arc::new(Gate::default());
+    let s = start(
+        |w| w.gate = Some(gate.clone()),
+        |b| {
+            b.topic(TopicSpec::new("t"))
+                .source(SourceSpec::new("src", "t"))
+        },
+        ServerOptions {
+            limits: Limits {
+                shutdown_grace: Duration::from_secs(1),
+                ..Limits::default()
+            },
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let (http, url) = (s.http.clone(), s.url("/webhooks/src"));
+    let held = tokio::spawn(async move {
+        http.post(url)
+            .header("webhook-id", "held")
+            .body("{}")
+            .send()
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(10), gate.entered.notified())
+        .await
+        .expect("the insert reaches the gate");
+    let took = s.stop().await;
+    assert!(took < Duration::from_secs(4), "the shutdown took {took:?}");
+    let answer = held.await.expect("client task");
+    assert!(answer.is_err(), "the held request was answered: {answer:?}");
+    gate.open();
 }
