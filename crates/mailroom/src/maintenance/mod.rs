@@ -59,20 +59,127 @@ impl Maintenance {
         let mut alerts = AlertReporter::new(store.clone(), alerts, alert_every);
         let ttl = (period * 5).max(Duration::from_secs(5));
         loop {
-            match store.try_lead(ROLE, &worker, ttl).await {
-                Ok(true) => {
-                    rescue.run_once().await;
-                    retention.run_if_due().await;
-                    alerts.run_if_due().await;
+            let round = async {
+                match store.try_lead(ROLE, &worker, ttl).await {
+                    Ok(true) => {
+                        rescue.run_once().await;
+                        retention.run_if_due().await;
+                        alerts.run_if_due().await;
+                    }
+                    // Another instance reports alerts now; forget ours, so
+                    // that taking over later logs what is still firing.
+                    Ok(false) => alerts.forget(),
+                    Err(e) => warn!(error = %e, "maintenance election failed"),
                 }
-                // Another instance reports alerts now; forget ours, so that
-                // taking over later logs what is still firing.
-                Ok(false) => alerts.forget(),
-                Err(e) => warn!(error = %e, "maintenance election failed"),
+            };
+            // A round can be long (the first retention over a large backlog
+            // deletes chunk after chunk): shutdown does not wait for it.
+            // Each chunk is its own transaction; the next instance to lead
+            // goes on.
+            tokio::select! {
+                () = round => {}
+                () = shutdown.cancelled() => break,
             }
             if !sleep(period, &shutdown).await {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mailroom_core::{
+        AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
+        ListFilter, NewEvent, Page, PurgeReport, ReplayReport, StoreError, Timestamp, TopicStats,
+    };
+
+    /// A store whose retention never ends (a purge over a huge backlog);
+    /// everything else maintenance asks answers at once.
+    #[derive(Debug)]
+    struct EndlessPurge;
+
+    type R<T> = Result<T, StoreError>;
+
+    fn down<T>() -> R<T> {
+        Err(StoreError::Unavailable("not in this test".into()))
+    }
+
+    #[async_trait::async_trait]
+    impl Store for EndlessPurge {
+        async fn migrate(&self) -> R<()> {
+            Ok(())
+        }
+        async fn now(&self) -> R<Timestamp> {
+            Ok(Timestamp::now())
+        }
+        async fn insert(&self, _: NewEvent) -> R<Inserted> {
+            down()
+        }
+        async fn claim(&self, _: &ClaimRequest) -> R<Vec<Claimed>> {
+            down()
+        }
+        async fn complete(&self, _: EventId, _: FencingToken, _: Completion) -> R<()> {
+            down()
+        }
+        async fn extend(&self, _: EventId, _: FencingToken, _: Duration) -> R<Timestamp> {
+            down()
+        }
+        async fn next_due(&self, _: &ClaimRequest) -> R<Option<Timestamp>> {
+            down()
+        }
+        async fn get(&self, _: EventId) -> R<Option<Event>> {
+            down()
+        }
+        async fn list(&self, _: &ListFilter) -> R<Page> {
+            down()
+        }
+        async fn stats(&self) -> R<Vec<TopicStats>> {
+            down()
+        }
+        async fn replay(&self, _: EventId, _: u32) -> R<Event> {
+            down()
+        }
+        async fn replay_matching(&self, _: &ListFilter, _: u32) -> R<ReplayReport> {
+            down()
+        }
+        async fn skip(&self, _: EventId) -> R<Event> {
+            down()
+        }
+        async fn rescue_expired(&self) -> R<u64> {
+            Ok(0)
+        }
+        async fn purge(&self, _: Retention) -> R<PurgeReport> {
+            std::future::pending().await
+        }
+        async fn attempt_window(&self, _: Duration) -> R<Vec<AttemptWindow>> {
+            Ok(vec![])
+        }
+    }
+
+    /// Shutdown while retention is still purging: maintenance stops at
+    /// once instead of waiting for the purge to end.
+    #[tokio::test]
+    async fn shutdown_does_not_wait_for_a_long_purge() {
+        let maintenance = Maintenance {
+            store: Arc::new(EndlessPurge),
+            topics: vec![],
+            retention: Retention::default(),
+            alerts: AlertRules::default(),
+            alert_every: Duration::from_secs(10),
+            period: Duration::from_millis(100),
+            worker: "w".into(),
+        };
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(maintenance.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!running.is_finished(), "the purge cannot have ended");
+        shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(2), running).await;
+        assert!(
+            stopped.is_ok(),
+            "maintenance still running 2 s after shutdown"
+        );
     }
 }
