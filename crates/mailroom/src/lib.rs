@@ -52,6 +52,8 @@ mod maintenance;
 pub mod metrics;
 mod observe;
 mod open;
+#[cfg(test)]
+mod stalled;
 pub mod topology;
 
 pub use accept::Refused;

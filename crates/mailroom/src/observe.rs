@@ -16,7 +16,12 @@ const PERIOD: Duration = Duration::from_secs(5);
 
 pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
     loop {
-        if let Ok(stats) = engine.stats().await {
+        // Counting a large store can be slow: shutdown does not wait.
+        let stats = tokio::select! {
+            stats = engine.stats() => stats,
+            () = shutdown.cancelled() => break,
+        };
+        if let Ok(stats) = stats {
             let now = jiff::Timestamp::now();
             for s in stats {
                 for status in Status::ALL {
@@ -35,5 +40,28 @@ pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
             () = tokio::time::sleep(PERIOD) => {}
             () = shutdown.cancelled() => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stalled::Stalled;
+    use std::sync::Arc;
+
+    /// Shutdown while the store is still counting: the gauges stop at once.
+    #[tokio::test]
+    async fn shutdown_does_not_wait_for_slow_statistics() {
+        let engine = Engine::builder(Arc::new(Stalled)).build().expect("engine");
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(run_gauges(engine, shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!running.is_finished(), "the count cannot have ended");
+        shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(2), running).await;
+        assert!(
+            stopped.is_ok(),
+            "the gauges still running 2 s after shutdown"
+        );
     }
 }

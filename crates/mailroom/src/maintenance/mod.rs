@@ -90,80 +90,14 @@ impl Maintenance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mailroom_core::{
-        AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-        ListFilter, NewEvent, Page, PurgeReport, ReplayReport, StoreError, Timestamp, TopicStats,
-    };
-
-    /// A store whose retention never ends (a purge over a huge backlog);
-    /// everything else maintenance asks answers at once.
-    #[derive(Debug)]
-    struct EndlessPurge;
-
-    type R<T> = Result<T, StoreError>;
-
-    fn down<T>() -> R<T> {
-        Err(StoreError::Unavailable("not in this test".into()))
-    }
-
-    #[async_trait::async_trait]
-    impl Store for EndlessPurge {
-        async fn migrate(&self) -> R<()> {
-            Ok(())
-        }
-        async fn now(&self) -> R<Timestamp> {
-            Ok(Timestamp::now())
-        }
-        async fn insert(&self, _: NewEvent) -> R<Inserted> {
-            down()
-        }
-        async fn claim(&self, _: &ClaimRequest) -> R<Vec<Claimed>> {
-            down()
-        }
-        async fn complete(&self, _: EventId, _: FencingToken, _: Completion) -> R<()> {
-            down()
-        }
-        async fn extend(&self, _: EventId, _: FencingToken, _: Duration) -> R<Timestamp> {
-            down()
-        }
-        async fn next_due(&self, _: &ClaimRequest) -> R<Option<Timestamp>> {
-            down()
-        }
-        async fn get(&self, _: EventId) -> R<Option<Event>> {
-            down()
-        }
-        async fn list(&self, _: &ListFilter) -> R<Page> {
-            down()
-        }
-        async fn stats(&self) -> R<Vec<TopicStats>> {
-            down()
-        }
-        async fn replay(&self, _: EventId, _: u32) -> R<Event> {
-            down()
-        }
-        async fn replay_matching(&self, _: &ListFilter, _: u32) -> R<ReplayReport> {
-            down()
-        }
-        async fn skip(&self, _: EventId) -> R<Event> {
-            down()
-        }
-        async fn rescue_expired(&self) -> R<u64> {
-            Ok(0)
-        }
-        async fn purge(&self, _: Retention) -> R<PurgeReport> {
-            std::future::pending().await
-        }
-        async fn attempt_window(&self, _: Duration) -> R<Vec<AttemptWindow>> {
-            Ok(vec![])
-        }
-    }
+    use crate::stalled::Stalled;
 
     /// Shutdown while retention is still purging: maintenance stops at
     /// once instead of waiting for the purge to end.
     #[tokio::test]
     async fn shutdown_does_not_wait_for_a_long_purge() {
         let maintenance = Maintenance {
-            store: Arc::new(EndlessPurge),
+            store: Arc::new(Stalled),
             topics: vec![],
             retention: Retention::default(),
             alerts: AlertRules::default(),

@@ -1,0 +1,72 @@
+//! A fake [`Store`] for tests of what shutdown waits for.
+
+use mailroom_core::{
+    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
+    ListFilter, NewEvent, Page, PurgeReport, ReplayReport, Retention, Store, StoreError, Timestamp,
+    TopicStats,
+};
+use std::time::Duration;
+
+/// A store whose long operations never end: retention (a purge over a
+/// huge backlog) and statistics (counting a huge table). Migrations, the
+/// clock and the rest of maintenance answer at once; the hot path fails.
+#[derive(Debug)]
+pub(crate) struct Stalled;
+
+type R<T> = Result<T, StoreError>;
+
+fn down<T>() -> R<T> {
+    Err(StoreError::Unavailable("not in this test".into()))
+}
+
+#[async_trait::async_trait]
+impl Store for Stalled {
+    async fn migrate(&self) -> R<()> {
+        Ok(())
+    }
+    async fn now(&self) -> R<Timestamp> {
+        Ok(Timestamp::now())
+    }
+    async fn insert(&self, _: NewEvent) -> R<Inserted> {
+        down()
+    }
+    async fn claim(&self, _: &ClaimRequest) -> R<Vec<Claimed>> {
+        down()
+    }
+    async fn complete(&self, _: EventId, _: FencingToken, _: Completion) -> R<()> {
+        down()
+    }
+    async fn extend(&self, _: EventId, _: FencingToken, _: Duration) -> R<Timestamp> {
+        down()
+    }
+    async fn next_due(&self, _: &ClaimRequest) -> R<Option<Timestamp>> {
+        down()
+    }
+    async fn get(&self, _: EventId) -> R<Option<Event>> {
+        down()
+    }
+    async fn list(&self, _: &ListFilter) -> R<Page> {
+        down()
+    }
+    async fn stats(&self) -> R<Vec<TopicStats>> {
+        std::future::pending().await
+    }
+    async fn replay(&self, _: EventId, _: u32) -> R<Event> {
+        down()
+    }
+    async fn replay_matching(&self, _: &ListFilter, _: u32) -> R<ReplayReport> {
+        down()
+    }
+    async fn skip(&self, _: EventId) -> R<Event> {
+        down()
+    }
+    async fn rescue_expired(&self) -> R<u64> {
+        Ok(0)
+    }
+    async fn purge(&self, _: Retention) -> R<PurgeReport> {
+        std::future::pending().await
+    }
+    async fn attempt_window(&self, _: Duration) -> R<Vec<AttemptWindow>> {
+        Ok(vec![])
+    }
+}
