@@ -10,10 +10,9 @@
 
 use anyhow::Context;
 use mailroom::Engine;
-use mailroom_server::{MetricsRenderer, ServerOptions, router, serve};
+use mailroom_server::{ServerOptions, router, serve};
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +29,10 @@ pub async fn run(url: &str, listen: &str, group_commit: bool, metrics: bool) -> 
     let mut options = ServerOptions::default();
     let shutdown = CancellationToken::new();
     if metrics {
-        options.metrics = Some(prometheus(shutdown.clone())?);
+        options.metrics = Some(
+            mailroom_server::prometheus::install(shutdown.clone())
+                .context("installing the Prometheus recorder")?,
+        );
     }
 
     let engine = Engine::builder(store)
@@ -64,22 +66,4 @@ pub async fn run(url: &str, listen: &str, group_commit: bool, metrics: bool) -> 
     writeln!(out, "COMMITS {}", opened.commits())?;
     out.flush()?;
     Ok(())
-}
-
-/// Installs the Prometheus recorder (its upkeep runs until `shutdown`) and
-/// returns what renders `/metrics`.
-fn prometheus(shutdown: CancellationToken) -> anyhow::Result<MetricsRenderer> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("installing the Prometheus recorder")?;
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_secs(5)) => upkeep.run_upkeep(),
-                () = shutdown.cancelled() => break,
-            }
-        }
-    });
-    Ok(Arc::new(move || handle.render()))
 }

@@ -10,7 +10,8 @@
 //!   limits, caps on connections and requests in flight (503), per-source
 //!   rate limits (429).
 //! - `POST /v1/events` with `Idempotency-Key` (module `idempotency`).
-//! - `/metrics` (Prometheus text, rendered by the binary's exporter),
+//! - `/metrics` (Prometheus text, rendered by the exporter that
+//!   [`prometheus::install`] sets up for the binary),
 //!   `/healthz`, and `/readyz` (module `ready`: the store and each registered
 //!   [`Dependency`], e.g. an AMQP connection).
 //!
@@ -21,6 +22,7 @@ mod auth;
 mod idempotency;
 pub mod limits;
 pub mod problem;
+pub mod prometheus;
 pub mod pull;
 mod ready;
 pub mod webhooks;

@@ -2,10 +2,13 @@
 //! once. Call sites pass these to the `metrics` crate's macros with the
 //! labels the SPEC gives; labels stay bounded (source, topic, status,
 //! outcome, alert, reason: never event ids). The binary installs the
-//! exporter.
+//! exporter (`mailroom_server::prometheus`), which renders every
+//! `_seconds` histogram as a Prometheus histogram (buckets 1 ms to 60 s).
 
 /// Counter, labels `source`, `topic`, `outcome` (`accepted`, `duplicate`,
-/// `rejected`): events offered to intake.
+/// `rejected`): events offered to intake. `rejected`: refused by the
+/// topic's rules, unusable (no dedup key), or not stored; a failed
+/// signature counts in [`VERIFICATION_FAILURES`] instead.
 pub const EVENTS_RECEIVED: &str = "mailroom_events_received_total";
 /// Histogram, label `source`: from request to durable acknowledgement.
 pub const INGEST_DURATION: &str = "mailroom_ingest_duration_seconds";

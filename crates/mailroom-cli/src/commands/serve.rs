@@ -5,7 +5,6 @@ use super::{amqp, load_config, open};
 use crate::Cli;
 use anyhow::{Context, Result, bail};
 use mailroom_config::{Config, Topology};
-use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 pub(super) async fn run(cli: &Cli, listen: Option<&str>) -> Result<()> {
@@ -17,6 +16,9 @@ pub(super) async fn run(cli: &Cli, listen: Option<&str>) -> Result<()> {
 }
 
 async fn serve(config: Config) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    let render = mailroom_server::prometheus::install(shutdown.clone())
+        .context("cannot install the metrics recorder")?;
     let addr = config.listen_addr()?;
     let loopback = addr.ip().is_loopback();
     let tokens = config.api_tokens();
@@ -27,9 +29,6 @@ async fn serve(config: Config) -> Result<()> {
             config.origin
         );
     }
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("cannot install the metrics recorder")?;
     let mut topology = Topology::from_config(&config)?;
     let plan = std::mem::take(&mut topology.amqp);
     amqp::declare_before_serve(&plan, &config.origin).await?;
@@ -44,10 +43,7 @@ async fn serve(config: Config) -> Result<()> {
     announce(&config, &engine, listener.local_addr()?, loopback);
     let (brokers, dependencies) = amqp::start(&plan, &engine)?;
 
-    let shutdown = CancellationToken::new();
     tokio::spawn(wait_for_signals(shutdown.clone()));
-    let upkeep = tokio::spawn(metrics_upkeep(prometheus.clone(), shutdown.clone()));
-    let render: mailroom_server::MetricsRenderer = Arc::new(move || prometheus.render());
     let limits = server_limits(&config.limits);
     let router = mailroom_server::router(
         engine.clone(),
@@ -69,7 +65,6 @@ async fn serve(config: Config) -> Result<()> {
     let (served, ()) = tokio::join!(server, dispatch);
     // After the engine: AMQP handlers publish until its last attempt ends.
     brokers.stop().await;
-    let _ = upkeep.await;
     served.context("HTTP server failed")?;
     tracing::info!("stopped cleanly");
     Ok(())
@@ -93,19 +88,6 @@ fn announce(
         tracing::info!(
             "no sources declared: any POST /webhooks/<name> is accepted on loopback (topic = <name>)"
         );
-    }
-}
-
-/// Keeps the Prometheus histograms' windows rolling until shutdown.
-async fn metrics_upkeep(
-    handle: metrics_exporter_prometheus::PrometheusHandle,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(std::time::Duration::from_secs(5)) => handle.run_upkeep(),
-            () = shutdown.cancelled() => break,
-        }
     }
 }
 

@@ -193,7 +193,11 @@ impl Engine {
         };
         intake::verify::check(spec, headers, &body)?;
         let topic = self.spec_or_default(&spec.topic);
-        let event = intake::build_event(spec, &topic, headers, body)?;
+        // An unusable body (no dedup key, bad JSON where a field is read)
+        // is a rejected event, as an unusable AMQP message is; a failed
+        // signature is not: it counts in `mailroom_verification_failures_total`.
+        let event = intake::build_event(spec, &topic, headers, body)
+            .inspect_err(|_| count_received(&spec.name, &topic.name, "rejected"))?;
         let accepted = admit(&topic, event).map_err(|refused| {
             let key_field = spec.key.as_ref().or(topic.key.as_ref());
             match key_field {
