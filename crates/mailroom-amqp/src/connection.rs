@@ -65,7 +65,7 @@ impl AmqpStatus {
 
     fn set(&self, up: bool) {
         self.up.store(up, Ordering::Relaxed);
-        metrics::gauge!("mailroom_amqp_connected", "connection" => self.name.to_string())
+        metrics::gauge!(mailroom::metrics::AMQP_CONNECTED, "connection" => self.name.to_string())
             .set(if up { 1.0 } else { 0.0 });
     }
 }

@@ -219,7 +219,7 @@ impl Pending {
             .unwrap_or_else(|_| Verdict::Failed("the channel's confirm ledger is gone".into()));
         match verdict {
             Verdict::Confirmed => {
-                metrics::counter!("mailroom_published_total", "topic" => event.topic.clone(), "outcome" => "confirmed")
+                metrics::counter!(mailroom::metrics::PUBLISHED, "topic" => event.topic.clone(), "outcome" => "confirmed")
                     .increment(1);
                 Outcome::Success
             }
@@ -239,7 +239,7 @@ impl Pending {
 
 /// Counts a failed publish and makes it a retryable outcome.
 fn failed(event: &Event, outcome: &'static str, error: String) -> Outcome {
-    metrics::counter!("mailroom_published_total", "topic" => event.topic.clone(), "outcome" => outcome)
+    metrics::counter!(mailroom::metrics::PUBLISHED, "topic" => event.topic.clone(), "outcome" => outcome)
         .increment(1);
     Outcome::retry(error)
 }

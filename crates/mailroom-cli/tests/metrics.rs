@@ -121,6 +121,7 @@ fn complete(s: &Scrape) -> bool {
         && s.has(processed, &[("topic", "failing"), ("outcome", "retry")])
         && s.has(processed, &[("topic", "failing"), ("outcome", "dead")])
         && s.has("mailroom_published_total", &[("topic", "outbox")])
+        && s.has("mailroom_amqp_connected", &[])
         && s.has("mailroom_dead_letter_depth", &[("topic", "failing")])
         && SPEC.iter().all(|(name, kind, _)| {
             let sample = if *kind == "histogram" {
@@ -254,6 +255,15 @@ fn check_spec(text: &str, s: &Scrape) {
             }
         }
     }
+    // Beyond SPEC §10, kept: the AMQP connection's state.
+    assert_eq!(
+        s.types.get("mailroom_amqp_connected").map(String::as_str),
+        Some("gauge")
+    );
+    assert_eq!(
+        s.label_sets("mailroom_amqp_connected"),
+        BTreeSet::from([vec!["connection".to_string()]])
+    );
     let bounded = |name: &str, key: &str, allowed: &[&str]| {
         for (l, _) in &s.samples[name] {
             assert!(allowed.contains(&l[key].as_str()), "{name} {l:?}");
@@ -263,6 +273,8 @@ fn check_spec(text: &str, s: &Scrape) {
     bounded("mailroom_events_received_total", "outcome", &received);
     let processed = ["done", "retry", "dead"];
     bounded("mailroom_events_processed_total", "outcome", &processed);
+    let published = ["confirmed", "returned", "nacked", "error"];
+    bounded("mailroom_published_total", "outcome", &published);
 }
 
 /// Every series `deploy/prometheus-alerts.yml` queries is one the binary

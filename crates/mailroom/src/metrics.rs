@@ -25,8 +25,8 @@ pub const DEAD_LETTER_DEPTH: &str = "mailroom_dead_letter_depth";
 pub const OLDEST_PENDING_AGE: &str = "mailroom_oldest_pending_age_seconds";
 /// Gauge, label `topic`: keys held back by a dead head.
 pub const BLOCKED_KEYS: &str = "mailroom_blocked_keys";
-/// Counter, labels `topic`, `outcome`: events published to a broker by a
-/// publishing handler.
+/// Counter, labels `topic`, `outcome` (`confirmed`, `returned`, `nacked`,
+/// `error`): events published to a broker by a publishing handler.
 pub const PUBLISHED: &str = "mailroom_published_total";
 /// Gauge, labels `topic`, `alert`: 1 while the alert fires, else 0.
 pub const ALERT_FIRING: &str = "mailroom_alert_firing";
@@ -38,3 +38,6 @@ pub const RATE_LIMITED: &str = "mailroom_rate_limited_total";
 pub const VERIFICATION_FAILURES: &str = "mailroom_verification_failures_total";
 /// Counter: HTTP requests shed because too many were in flight.
 pub const HTTP_SHED: &str = "mailroom_http_shed_total";
+/// Gauge, label `connection` (the broker URL without credentials): 1 while
+/// the AMQP connection is up with its topology declared, else 0.
+pub const AMQP_CONNECTED: &str = "mailroom_amqp_connected";
