@@ -528,14 +528,24 @@ async fn serve_stores_each_distinct_message_once_and_dead_letters_the_unusable()
     cleanup(&conn, &queues, &exchanges).await;
 }
 
-/// `serve` is killed with SIGKILL while consuming a 20,000-message backlog
-/// at full speed, then started again: every message ends stored exactly
-/// once (a delivery is acked only after its commit; the unacked ones are
-/// redelivered and deduplicated) and the queue ends empty.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_killed_while_consuming_stores_every_message_once_after_restart() {
-    const N: usize = 20_000;
-    let b = unique("cli-kill9");
+/// The messages of a backlog consuming test.
+const N: usize = 20_000;
+
+/// A backlog of [`N`] messages published into a declared inbound topology,
+/// and a `serve` that has stored at least 3,000 of them.
+struct Backlog {
+    b: String,
+    _dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    db: String,
+    pool: sqlx::PgPool,
+    conn: Connection,
+    ids: Vec<String>,
+    first: Serve,
+}
+
+async fn backlog_under_way(prefix: &str, tag: &str) -> Backlog {
+    let b = unique(prefix);
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write_config(dir.path(), &inbound_config(&b, 200));
     let db = mailroom_testkit::fresh_postgres_db().await;
@@ -543,7 +553,7 @@ async fn serve_killed_while_consuming_stores_every_message_once_after_restart() 
     let conn = connect().await;
     let (ok, _, err) = run_mailroom(&config, &db, &["amqp", "declare"], Duration::from_secs(30));
     assert!(ok, "{err}");
-    let ids: Vec<String> = (0..N).map(|i| format!("{b}-k{i}")).collect();
+    let ids: Vec<String> = (0..N).map(|i| format!("{b}-{tag}{i}")).collect();
     let ch = conn.create_channel().await.expect("channel");
     publish(
         &ch,
@@ -551,12 +561,39 @@ async fn serve_killed_while_consuming_stores_every_message_once_after_restart() 
         ids.iter().map(|id| message("in.x", id)),
     )
     .await;
-
-    let mut first = start_serve(&config, &db);
+    let first = start_serve(&config, &db);
     eventually(60, "consuming is under way", || async {
         stored_count(&pool, "inbox").await >= 3_000
     })
     .await;
+    Backlog {
+        b,
+        _dir: dir,
+        config,
+        db,
+        pool,
+        conn,
+        ids,
+        first,
+    }
+}
+
+/// `serve` is killed with SIGKILL while consuming a 20,000-message backlog
+/// at full speed, then started again: every message ends stored exactly
+/// once (a delivery is acked only after its commit; the unacked ones are
+/// redelivered and deduplicated) and the queue ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_while_consuming_stores_every_message_once_after_restart() {
+    let Backlog {
+        b,
+        _dir,
+        config,
+        db,
+        pool,
+        conn,
+        ids,
+        mut first,
+    } = backlog_under_way("cli-kill9", "k").await;
     first.kill9();
     let at_kill = stored_count(&pool, "inbox").await;
     assert!(
@@ -833,29 +870,16 @@ handler = {{ amqp = {{ exchange = "{b}.events", routing_key = "{{type}}" }} }}
 /// the queue, never both and never neither; a restart stores the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_consuming_acks_what_is_stored_and_returns_the_rest() {
-    const N: usize = 20_000;
-    let b = unique("cli-sigterm");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(dir.path(), &inbound_config(&b, 200));
-    let db = mailroom_testkit::fresh_postgres_db().await;
-    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
-    let conn = connect().await;
-    let (ok, _, err) = run_mailroom(&config, &db, &["amqp", "declare"], Duration::from_secs(30));
-    assert!(ok, "{err}");
-    let ids: Vec<String> = (0..N).map(|i| format!("{b}-t{i}")).collect();
-    let ch = conn.create_channel().await.expect("channel");
-    publish(
-        &ch,
-        &format!("{b}.events"),
-        ids.iter().map(|id| message("in.x", id)),
-    )
-    .await;
-
-    let mut first = start_serve(&config, &db);
-    eventually(60, "consuming is under way", || async {
-        stored_count(&pool, "inbox").await >= 3_000
-    })
-    .await;
+    let Backlog {
+        b,
+        _dir,
+        config,
+        db,
+        pool,
+        conn,
+        ids: _,
+        mut first,
+    } = backlog_under_way("cli-sigterm", "t").await;
     assert!(first.terminate(), "serve exits 0 on SIGTERM");
     let stored = stored_count(&pool, "inbox").await as usize;
     let queue = format!("{b}.in");

@@ -26,28 +26,21 @@ fn topic() -> TopicSpec {
         })
 }
 
-/// First attempt hangs for an hour, second panics, third succeeds: the
-/// history shows a timeout, a panic and a success, all within seconds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_attempt_times_out_and_a_panic_becomes_a_retry() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let calls = Arc::new(AtomicU32::new(0));
-    let engine = Engine::builder(store(&dir).await)
+/// An engine over a fresh store with `handler` on the `jobs` topic, one
+/// event enqueued, and the engine running until the returned token is
+/// cancelled (its task is returned to await the stop).
+async fn running_with(
+    dir: &tempfile::TempDir,
+    handler: mailroom::handler::SharedHandler,
+) -> (
+    Engine,
+    mailroom::EventId,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let engine = Engine::builder(store(dir).await)
         .topic(topic())
-        .handler("jobs", {
-            let calls = calls.clone();
-            handler_fn(move |_e: Event| {
-                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-                async move {
-                    match n {
-                        1 => tokio::time::sleep(Duration::from_secs(3600)).await,
-                        2 => panic!("handler bug"),
-                        _ => {}
-                    }
-                    Outcome::Success
-                }
-            })
-        })
+        .handler("jobs", handler)
         .build()
         .expect("engine");
     let id = engine
@@ -60,6 +53,30 @@ async fn a_hung_attempt_times_out_and_a_panic_becomes_a_retry() {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
         async move { engine.run(shutdown).await }
     });
+    (engine, id, shutdown, running)
+}
+
+/// First attempt hangs for an hour, second panics, third succeeds: the
+/// history shows a timeout, a panic and a success, all within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_attempt_times_out_and_a_panic_becomes_a_retry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calls = Arc::new(AtomicU32::new(0));
+    let (engine, id, shutdown, running) = running_with(&dir, {
+        let calls = calls.clone();
+        handler_fn(move |_e: Event| {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                match n {
+                    1 => tokio::time::sleep(Duration::from_secs(3600)).await,
+                    2 => panic!("handler bug"),
+                    _ => {}
+                }
+                Outcome::Success
+            }
+        })
+    })
+    .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let event = loop {
         let e = engine.get(id).await.expect("get").expect("stored");
@@ -92,31 +109,18 @@ async fn a_hung_attempt_times_out_and_a_panic_becomes_a_retry() {
 async fn shutdown_during_a_hung_attempt_ends_within_the_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let started = Arc::new(tokio::sync::Notify::new());
-    let engine = Engine::builder(store(&dir).await)
-        .topic(topic())
-        .handler("jobs", {
+    let (engine, id, shutdown, running) = running_with(&dir, {
+        let started = started.clone();
+        handler_fn(move |_e: Event| {
             let started = started.clone();
-            handler_fn(move |_e: Event| {
-                let started = started.clone();
-                async move {
-                    started.notify_one();
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                    Outcome::Success
-                }
-            })
+            async move {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Outcome::Success
+            }
         })
-        .build()
-        .expect("engine");
-    let id = engine
-        .enqueue(Draft::json("jobs", &serde_json::json!({})))
-        .await
-        .expect("enqueue")
-        .id;
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run(shutdown).await }
-    });
+    })
+    .await;
     tokio::time::timeout(Duration::from_secs(5), started.notified())
         .await
         .expect("handler started");
