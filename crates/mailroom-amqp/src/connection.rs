@@ -78,6 +78,7 @@ pub struct AmqpConnection {
     sources: Vec<AmqpSource>,
     handlers: Vec<AmqpHandler>,
     status: AmqpStatus,
+    intake: CancellationToken,
 }
 
 impl AmqpConnection {
@@ -94,7 +95,18 @@ impl AmqpConnection {
             sources: vec![],
             handlers: vec![],
             status,
+            intake: CancellationToken::new(),
         }
+    }
+
+    /// Stops the sources' consumers when `intake` is cancelled, while the
+    /// handlers keep publishing until [`AmqpConnection::run`]'s own
+    /// shutdown: `serve` stops taking messages at SIGTERM (the unconsumed
+    /// ones stay in their queues for another instance) and still publishes
+    /// for the attempts that finish during the drain.
+    pub fn intake_until(mut self, intake: CancellationToken) -> Self {
+        self.intake = intake;
+        self
     }
 
     /// The topology declared on every (re)connection.
@@ -160,9 +172,10 @@ impl AmqpConnection {
         };
         let mut events = conn.events_listener();
         let stop = shutdown.child_token();
+        let sources_stop = linked(&stop, &self.intake);
         let mut consumers = JoinSet::new();
         let set_up = tokio::select! {
-            set_up = self.set_up(&conn, &stop, &mut consumers) => Some(set_up),
+            set_up = self.set_up(&conn, &sources_stop, &mut consumers) => Some(set_up),
             () = stop.cancelled() => None,
         };
         let ended = match set_up {
@@ -170,7 +183,7 @@ impl AmqpConnection {
                 self.status.set(true);
                 *failures = 0;
                 tracing::info!(connection = %self.status.name(), sources = self.sources.len(), handlers = self.handlers.len(), "AMQP connection up");
-                watch(&stop, &mut consumers, &mut events).await
+                watch(&stop, &sources_stop, &mut consumers, &mut events).await
             }
             Some(Err(e)) => Err(e),
             None => Ok(()),
@@ -185,11 +198,12 @@ impl AmqpConnection {
     }
 
     /// Declares the topology, attaches the handlers and starts the sources'
-    /// consumers (into `consumers`, until `stop`).
+    /// consumers (into `consumers`, until `sources_stop`; none once intake
+    /// has stopped).
     async fn set_up(
         &self,
         conn: &Connection,
-        stop: &CancellationToken,
+        sources_stop: &CancellationToken,
         consumers: &mut JoinSet<Result<()>>,
     ) -> Result<()> {
         let channel = open_channel(conn).await?;
@@ -197,28 +211,47 @@ impl AmqpConnection {
         for h in &self.handlers {
             h.attach(open_channel(conn).await?).await?;
         }
+        if sources_stop.is_cancelled() {
+            return Ok(());
+        }
         for s in &self.sources {
-            let (source, ch, stop) = (s.clone(), open_channel(conn).await?, stop.clone());
+            let (source, ch, stop) = (s.clone(), open_channel(conn).await?, sources_stop.clone());
             consumers.spawn(async move { source.consume(&ch, &stop).await });
         }
         Ok(())
     }
 }
 
-/// Runs until `stop`, a consumer's end, or the connection's loss.
+/// A token cancelled with `stop` (its parent) or as soon as `intake` is.
+fn linked(stop: &CancellationToken, intake: &CancellationToken) -> CancellationToken {
+    let linked = stop.child_token();
+    let (intake, l) = (intake.clone(), linked.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = intake.cancelled() => l.cancel(),
+            () = l.cancelled() => {}
+        }
+    });
+    linked
+}
+
+/// Runs until `stop`, an unexpected end of a consumer, or the connection's
+/// loss. Consumers that end because intake stopped (`sources_stop`) are
+/// not a failure: the handlers go on until `stop`.
 async fn watch(
     stop: &CancellationToken,
+    sources_stop: &CancellationToken,
     consumers: &mut JoinSet<Result<()>>,
     events: &mut (impl futures::Stream<Item = lapin::Event> + Unpin),
 ) -> Result<()> {
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            Some(done) = consumers.join_next() => return match done {
-                Ok(Err(e)) => Err(e),
-                Ok(Ok(())) if stop.is_cancelled() => Ok(()),
-                Ok(Ok(())) => Err(AmqpError::Invalid("a consumer stopped".into())),
-                Err(e) => Err(AmqpError::Invalid(format!("a consumer failed: {e}"))),
+            Some(done) = consumers.join_next() => match done {
+                Ok(Ok(())) if sources_stop.is_cancelled() => {}
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(())) => return Err(AmqpError::Invalid("a consumer stopped".into())),
+                Err(e) => return Err(AmqpError::Invalid(format!("a consumer failed: {e}"))),
             },
             event = events.next() => match event {
                 Some(lapin::Event::Error(e)) => return Err(AmqpError::broker("connection lost", e)),

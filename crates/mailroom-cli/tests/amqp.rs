@@ -905,3 +905,100 @@ async fn sigterm_while_consuming_acks_what_is_stored_and_returns_the_rest() {
     let (queues, exchanges) = inbound_names(&b);
     cleanup(&conn, &queues, &exchanges).await;
 }
+
+/// Consumers (of the queue) at this moment, by a passive declare.
+async fn consumers(conn: &Connection, queue: &str) -> u32 {
+    let ch = conn.create_channel().await.expect("channel");
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .unwrap_or_else(|e| panic!("queue {queue} exists: {e}"));
+    let _ = ch.close(200, "OK".into()).await;
+    q.consumer_count()
+}
+
+/// SIGTERM stops consuming at once, even while an attempt keeps the engine
+/// draining for seconds: the queue loses its consumer while `serve` is
+/// still running, messages published after that stay in the queue for
+/// another instance, and the attempt in flight still finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
+    let b = unique("cli-intake-stop");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "{}\n[[topic]]\nname = \"slow\"\ntimeout = \"30s\"\nhandler = {{ command = [\"sleep\", \"4\"] }}\n",
+        inbound_config(&b, 20)
+    );
+    let config = write_config(dir.path(), &text);
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
+    let conn = connect().await;
+    let mut serve = start_serve(&config, &db);
+    let queue = format!("{b}.in");
+    eventually(20, "the source consumes", || async {
+        consumers(&conn, &queue).await == 1
+    })
+    .await;
+    let ch = conn.create_channel().await.expect("channel");
+    let before: Vec<String> = (0..50).map(|i| format!("{b}-before{i}")).collect();
+    let events = format!("{b}.events");
+    publish(&ch, &events, before.iter().map(|id| message("in.x", id))).await;
+    eventually(20, "the first messages are stored", || async {
+        stored_count(&pool, "inbox").await == 50
+    })
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/events", serve.base))
+        .header("Idempotency-Key", format!("{b}-slow"))
+        .json(&serde_json::json!({"topic": "slow", "payload": {"n": 1}}))
+        .send()
+        .await
+        .expect("POST /v1/events");
+    assert_eq!(resp.status(), 201);
+    eventually(20, "the slow attempt runs", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM mailroom.events WHERE topic = 'slow' AND attempts = 1",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("count")
+            == 1
+    })
+    .await;
+
+    serve.signal_term();
+    let signalled = Instant::now();
+    eventually(3, "the consumer is gone", || async {
+        consumers(&conn, &queue).await == 0
+    })
+    .await;
+    assert!(
+        serve.alive(),
+        "still draining the slow attempt {:?} after SIGTERM, and no longer consuming",
+        signalled.elapsed()
+    );
+    let after: Vec<String> = (0..30).map(|i| format!("{b}-after{i}")).collect();
+    publish(&ch, &events, after.iter().map(|id| message("in.x", id))).await;
+    assert!(serve.wait_exit(), "serve exits 0 once the attempt is done");
+    assert_eq!(
+        stored_count(&pool, "inbox").await,
+        50,
+        "nothing consumed after SIGTERM"
+    );
+    assert_eq!(ready(&conn, &queue).await, 30, "left for another instance");
+    let slow: String =
+        sqlx::query_scalar("SELECT status FROM mailroom.events WHERE topic = 'slow'")
+            .fetch_one(&pool)
+            .await
+            .expect("slow event");
+    assert_eq!(
+        slow, "done",
+        "the attempt in flight finished during the drain"
+    );
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}

@@ -119,11 +119,14 @@ impl Running {
 
 /// Starts one supervised connection per broker of `plan`, each with its
 /// sources and handlers, and returns them with their `/readyz` entries.
-/// They run until [`Running::stop`], not until the HTTP shutdown, so the
-/// AMQP handlers can finish publishing while the engine drains.
+/// The sources stop consuming at `intake` (SIGTERM: what is not yet
+/// delivered stays in the queues); the connections run until
+/// [`Running::stop`], so the AMQP handlers can finish publishing while the
+/// engine drains.
 pub(super) fn start(
     plan: &AmqpPlan,
     engine: &Engine,
+    intake: &CancellationToken,
 ) -> Result<(Running, Vec<mailroom_server::Dependency>)> {
     let connections = plan
         .connections(engine)
@@ -140,7 +143,7 @@ pub(super) fn start(
             name: status.name().to_string(),
             up: std::sync::Arc::new(move || status.is_up()),
         });
-        tasks.spawn(conn.run(stop.clone()));
+        tasks.spawn(conn.intake_until(intake.clone()).run(stop.clone()));
     }
     let running = Running {
         tasks,

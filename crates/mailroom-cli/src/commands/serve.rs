@@ -41,7 +41,7 @@ async fn serve(config: Config) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     announce(&config, &engine, listener.local_addr()?, loopback);
-    let (brokers, dependencies) = amqp::start(&plan, &engine)?;
+    let (brokers, dependencies) = amqp::start(&plan, &engine, &shutdown)?;
 
     tokio::spawn(wait_for_signals(shutdown.clone()));
     let limits = server_limits(&config.limits);

@@ -84,12 +84,23 @@ impl Serve {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// SIGTERM (graceful shutdown), then waits up to 30 s for the exit;
-    /// whether it exited with success.
-    pub fn terminate(&mut self) -> bool {
+    /// Sends SIGTERM and returns at once (the graceful stop goes on).
+    pub fn signal_term(&self) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
         assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    }
+
+    /// SIGTERM (graceful shutdown), then waits up to 30 s for the exit;
+    /// whether it exited with success.
+    pub fn terminate(&mut self) -> bool {
+        self.signal_term();
+        self.wait_exit()
+    }
+
+    /// Waits up to 30 s for the exit (after a signal); whether it exited
+    /// with success.
+    pub fn wait_exit(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match self.child.try_wait() {
