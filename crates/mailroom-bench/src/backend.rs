@@ -293,16 +293,39 @@ fn own_prefix() -> String {
 /// Backends of other databases are left out. Benchmarks run next to the
 /// database, so this is its share of the cores.
 pub fn postgres_cpu() -> BTreeMap<String, Duration> {
-    let prefix = own_prefix();
     let mut out = BTreeMap::new();
+    for p in postgres_processes() {
+        if let Some(kind) = p.kind {
+            *out.entry(kind).or_insert(Duration::ZERO) += p.cpu;
+        }
+    }
+    out
+}
+
+/// One PostgreSQL server process of [`postgres_processes`].
+#[derive(Debug, Clone)]
+pub struct PgProcess {
+    pub pid: u32,
+    /// What it is (see [`postgres_cpu`]); `None` for another database's
+    /// backend, or a child process that has not set its title yet.
+    pub kind: Option<String>,
+    /// CPU time so far.
+    pub cpu: Duration,
+}
+
+/// The PostgreSQL server processes of this machine, each with what it is
+/// and its CPU time so far.
+pub fn postgres_processes() -> Vec<PgProcess> {
+    let prefix = own_prefix();
+    let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
     };
     for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
+        let Some(pid) = entry
+            .file_name()
             .to_str()
-            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };
@@ -316,11 +339,16 @@ pub fn postgres_cpu() -> BTreeMap<String, Duration> {
         // "postgres: postgres db 127.0.0.1(1234) idle").
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        let Some(kind) = postgres_kind(cmdline.trim(), &prefix) else {
-            continue;
-        };
-        if let Some(t) = procfs::process_cpu(pid) {
-            *out.entry(kind).or_insert(Duration::ZERO) += t;
+        let mut kind = postgres_kind(cmdline.trim(), &prefix);
+        // A child forked a moment ago still has the postmaster's command
+        // line: the postmaster is the one whose parent is not PostgreSQL.
+        if kind.as_deref() == Some("postmaster")
+            && procfs::parent_comm(pid).is_some_and(|c| c.starts_with("postgres"))
+        {
+            kind = None;
+        }
+        if let Some(cpu) = procfs::process_cpu(&pid.to_string()) {
+            out.push(PgProcess { pid, kind, cpu });
         }
     }
     out
@@ -333,6 +361,14 @@ fn postgres_kind(cmdline: &str, own_prefix: &str) -> Option<String> {
     };
     // "postgres: USER DB HOST(PORT) STATE" for client backends.
     let words: Vec<&str> = rest.split_whitespace().collect();
+    // "postgres: autovacuum worker DB": vacuuming this benchmark's tables is
+    // part of its work; other databases' is not.
+    if let Some(db) = rest.strip_prefix("autovacuum worker ") {
+        return db
+            .trim()
+            .starts_with(own_prefix)
+            .then(|| "pg autovacuum".into());
+    }
     if words.len() >= 3 && words[2].contains('(') {
         return words[1]
             .starts_with(own_prefix)
@@ -367,6 +403,14 @@ mod tests {
         );
         assert_eq!(
             postgres_kind("postgres: postgres other 127.0.0.1(5555) idle", "b_"),
+            None
+        );
+        assert_eq!(
+            postgres_kind("postgres: autovacuum worker b_1", "b_").as_deref(),
+            Some("pg autovacuum")
+        );
+        assert_eq!(
+            postgres_kind("postgres: autovacuum worker other", "b_"),
             None
         );
     }

@@ -24,6 +24,7 @@ mod drain;
 mod floor;
 mod ingest;
 mod pg;
+mod pgwork;
 mod procfs;
 mod serve;
 mod stats;

@@ -41,6 +41,19 @@ fn stat_ticks(path: &str) -> Option<(String, u64)> {
     Some((comm, utime + stime))
 }
 
+/// The `comm` of a process's parent.
+pub fn parent_comm(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After ") ": state is field 3, the parent's pid field 4.
+    let ppid = text
+        .get(text.rfind(')')? + 2..)?
+        .split_whitespace()
+        .nth(1)?;
+    std::fs::read_to_string(format!("/proc/{ppid}/comm"))
+        .ok()
+        .map(|c| c.trim().to_string())
+}
+
 /// CPU time of a whole process so far.
 pub fn process_cpu(pid: &str) -> Option<Duration> {
     stat_ticks(&format!("/proc/{pid}/stat"))
@@ -143,6 +156,15 @@ mod tests {
         let rss = status_bytes("self", "VmRSS").unwrap();
         assert!(rss > 0);
         assert!(process_cpu("self").is_some());
+        let parent = std::fs::read_to_string(format!(
+            "/proc/{}/comm",
+            std::os::unix::process::parent_id()
+        ))
+        .unwrap();
+        assert_eq!(
+            parent_comm(std::process::id()),
+            Some(parent.trim().to_string())
+        );
         assert!(!threads_cpu("self").is_empty());
     }
 

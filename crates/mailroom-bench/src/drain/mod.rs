@@ -10,8 +10,9 @@ mod report;
 
 pub use report::{print_rounds, print_table};
 
-use crate::backend::{Backend, Fresh, ServerStats, postgres_cpu};
+use crate::backend::{Backend, Fresh, ServerStats};
 use crate::counting::{CallCounts, CountingStore};
+use crate::pgwork::{self, CpuSampler, DbWork};
 use crate::procfs;
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -103,6 +104,9 @@ pub struct DrainResult {
     pub cpu: BTreeMap<String, f64>,
     /// Share of one core per PostgreSQL process kind while draining.
     pub pg_cpu: BTreeMap<String, f64>,
+    /// PostgreSQL: the database's CPU time and WAL for this drain, and per
+    /// event.
+    pub db: Option<DbWork>,
 }
 
 /// Runs one mode on a fresh store of `backend`, which is dropped afterwards.
@@ -279,7 +283,8 @@ async fn run_on(
         drain_peak_rss_mib: procfs::mib(d.peak_rss),
         hwm_mib: procfs::mib(procfs::status_bytes("self", "VmHWM").unwrap_or(0)),
         cpu: procfs::cpu_share(&d.before.cpu, &d.after.cpu, d.took),
-        pg_cpu: procfs::cpu_share(&d.before.pg_cpu, &d.after.pg_cpu, d.took),
+        pg_cpu: procfs::cpu_share(&BTreeMap::new(), &d.pg_cpu, d.took),
+        db: d.db,
     })
 }
 
@@ -293,6 +298,9 @@ struct Drained {
     /// The database's commits (PostgreSQL), else the store writers'.
     commits: u64,
     peak_rss: u64,
+    /// CPU time of PostgreSQL's processes by kind while draining.
+    pg_cpu: BTreeMap<String, Duration>,
+    db: Option<DbWork>,
 }
 
 /// Runs every instance's engine until the store has all events `done` (or
@@ -304,6 +312,8 @@ async fn drain_all(s: &Settings, fresh: &Fresh, all: &[Instance]) -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let server_before = fresh.server_stats().await;
+    let wal_before = pgwork::read_wal(fresh).await;
+    let sampler = fresh.is_postgres().then(CpuSampler::start);
     let before = Counters::take(all);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
@@ -317,6 +327,10 @@ async fn drain_all(s: &Settings, fresh: &Fresh, all: &[Instance]) -> anyhow::Res
     let done = wait_until_done(s, all, started + s.timeout).await?;
     let took = started.elapsed();
     let after = Counters::take(all);
+    let pg_cpu = match sampler {
+        Some(s) => s.finish().await,
+        None => BTreeMap::new(),
+    };
     shutdown.cancel();
     for r in runners {
         r.await?;
@@ -330,6 +344,10 @@ async fn drain_all(s: &Settings, fresh: &Fresh, all: &[Instance]) -> anyhow::Res
         (Some(b), Some(a)) => ServerStats::since(a, b).xact_commit,
         _ => after.commits - before.commits,
     };
+    let db = match (wal_before, pgwork::read_wal(fresh).await) {
+        (Some(b), Some(a)) => Some(DbWork::new(s.events, &pg_cpu, b, a)),
+        _ => None,
+    };
     stop_rss.cancel();
     let peak_rss = rss.await?.sampled_max;
     Ok(Drained {
@@ -339,6 +357,8 @@ async fn drain_all(s: &Settings, fresh: &Fresh, all: &[Instance]) -> anyhow::Res
         after,
         commits,
         peak_rss,
+        pg_cpu,
+        db,
     })
 }
 
@@ -374,7 +394,6 @@ async fn preload_store(
 /// at its end.
 struct Counters {
     cpu: BTreeMap<String, Duration>,
-    pg_cpu: BTreeMap<String, Duration>,
     calls: CallCounts,
     commits: u64,
     written: u64,
@@ -384,7 +403,6 @@ impl Counters {
     fn take(all: &[Instance]) -> Self {
         Counters {
             cpu: procfs::threads_cpu("self"),
-            pg_cpu: postgres_cpu(),
             calls: all
                 .iter()
                 .map(|i| i.calls.snapshot())
@@ -448,6 +466,9 @@ pub struct MedianResult {
     pub mode: DrainMode,
     pub events_per_sec: f64,
     pub ratio_vs_single: Option<f64>,
+    /// PostgreSQL: median CPU-seconds and WAL MiB per 1,000 events.
+    pub cpu_secs_per_1k: Option<f64>,
+    pub wal_mib_per_1k: Option<f64>,
 }
 
 pub fn medians(rounds: &[Vec<DrainResult>]) -> Vec<MedianResult> {
@@ -460,17 +481,23 @@ pub fn medians(rounds: &[Vec<DrainResult>]) -> Vec<MedianResult> {
             let same = |round: &[DrainResult]| -> Option<DrainResult> {
                 round.iter().find(|x| x.mode == r.mode).cloned()
             };
-            let per_round: Vec<(f64, Option<f64>)> = rounds
+            let per_round: Vec<(DrainResult, Option<f64>)> = rounds
                 .iter()
                 .filter_map(|round| {
                     let x = same(round)?;
-                    Some((x.events_per_sec, ratio_vs_single(round, &x)))
+                    let ratio = ratio_vs_single(round, &x);
+                    Some((x, ratio))
                 })
                 .collect();
+            let of = |f: &dyn Fn(&DrainResult) -> Option<f64>| -> Option<f64> {
+                median(per_round.iter().filter_map(|p| f(&p.0)).collect())
+            };
             MedianResult {
                 mode: r.mode,
-                events_per_sec: median(per_round.iter().map(|p| p.0).collect()).unwrap_or(0.0),
+                events_per_sec: of(&|x| Some(x.events_per_sec)).unwrap_or(0.0),
                 ratio_vs_single: median(per_round.iter().filter_map(|p| p.1).collect()),
+                cpu_secs_per_1k: of(&|x| x.db.as_ref().map(|d| d.cpu_secs_per_1k)),
+                wal_mib_per_1k: of(&|x| x.db.as_ref().map(DbWork::wal_mib_per_1k)),
             }
         })
         .collect()

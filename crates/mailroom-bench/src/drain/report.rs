@@ -2,7 +2,41 @@
 //! with their medians.
 
 use super::{DrainResult, Settings, medians, ratio_vs_single};
+use crate::pgwork::DbWork;
 use crate::stats::{fmt_cpu, fmt_times};
+
+/// Headers of the database-work columns (PostgreSQL): PostgreSQL
+/// CPU-seconds and WAL MiB per 1,000 drained events, WAL records per event.
+const DB_HEADER: &str = "  pg s/1k WAL MiB/1k  rec/ev";
+
+/// The database-work columns of a result (blank on SQLite).
+fn db_columns(db: Option<&DbWork>) -> String {
+    let Some(db) = db else {
+        return String::new();
+    };
+    format!(
+        "{:>8.3} {:>10.2} {:>7}",
+        db.cpu_secs_per_1k,
+        db.wal_mib_per_1k(),
+        db.wal_records_per_event
+            .map_or_else(|| "-".into(), |r| format!("{r:.1}")),
+    )
+}
+
+/// The database's work for a drain, in totals and per event.
+fn print_db_work(tag: &str, db: &DbWork) {
+    println!(
+        "  {tag}: database work: PostgreSQL {:.2} CPU-s ({:.2} in this run's backends), {:.1} MiB WAL, {} records, {} full-page images; per 1,000 events {:.3} CPU-s and {:.2} MiB WAL; {:.0} events per PostgreSQL CPU-second (server-wide counters: other work on the server inflates them)",
+        db.cpu_secs,
+        db.backend_cpu_secs,
+        db.wal_bytes as f64 / (1024.0 * 1024.0),
+        db.wal_records.map_or_else(|| "-".into(), |n| n.to_string()),
+        db.wal_fpi.map_or_else(|| "-".into(), |n| n.to_string()),
+        db.cpu_secs_per_1k,
+        db.wal_mib_per_1k(),
+        db.events_per_cpu_sec,
+    );
+}
 
 /// `store xN`: where a result was measured.
 fn label(r: &DrainResult) -> String {
@@ -25,7 +59,7 @@ fn describe(s: &Settings) -> String {
 pub fn print_table(s: &Settings, results: &[DrainResult]) {
     println!("drain: {} events, {}", s.events, describe(s));
     println!(
-        "{:<11} {:<12} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8}",
+        "{:<11} {:<12} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {DB_HEADER}",
         "mode",
         "store",
         "preload/s",
@@ -42,7 +76,7 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
     );
     for r in results {
         println!(
-            "{:<11} {:<12} {:>9.0} {:>9.2} {:>9.0} {:>8} {:>7} {:>8.1} {:>8} {:>8} {:>9} {:>7.0}% {:>8}",
+            "{:<11} {:<12} {:>9.0} {:>9.2} {:>9.0} {:>8} {:>7} {:>8.1} {:>8} {:>8} {:>9} {:>7.0}% {:>8} {}",
             r.mode.name(),
             label(r),
             r.preload_inserts_per_sec,
@@ -60,6 +94,7 @@ pub fn print_table(s: &Settings, results: &[DrainResult]) {
             } else {
                 format!("{:.0}%", r.pg_cpu.values().sum::<f64>() * 100.0)
             },
+            db_columns(r.db.as_ref()),
         );
     }
     for r in results {
@@ -89,6 +124,9 @@ fn print_details(r: &DrainResult) {
     if !r.pg_cpu.is_empty() {
         println!("  {tag}: cpu postgres {}", fmt_cpu(&r.pg_cpu));
     }
+    if let Some(db) = &r.db {
+        print_db_work(&tag, db);
+    }
     println!(
         "  {tag}: RSS peak {:.1} MiB, VmHWM {:.1} MiB; done {} / handled {} {:?}; completions {} ({} complete_many calls), store errors {}",
         r.drain_peak_rss_mib,
@@ -111,13 +149,13 @@ pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
         describe(s)
     );
     println!(
-        "{:<6} {:<11} {:<12} {:>9} {:>9} {:>9} {:>8}",
+        "{:<6} {:<11} {:<12} {:>9} {:>9} {:>9} {:>8} {DB_HEADER}",
         "round", "mode", "store", "drain s", "events/s", "vs single", "mr cpu"
     );
     for (i, round) in rounds.iter().enumerate() {
         for r in round {
             println!(
-                "{:<6} {:<11} {:<12} {:>9.2} {:>9.0} {:>9} {:>7.0}%",
+                "{:<6} {:<11} {:<12} {:>9.2} {:>9.0} {:>9} {:>7.0}% {}",
                 i + 1,
                 r.mode.name(),
                 label(r),
@@ -125,13 +163,20 @@ pub fn print_rounds(s: &Settings, rounds: &[Vec<DrainResult>]) {
                 r.events_per_sec,
                 fmt_times(ratio_vs_single(round, r)),
                 r.cpu.values().sum::<f64>() * 100.0,
+                db_columns(r.db.as_ref()),
             );
         }
     }
     println!("median over {} rounds:", rounds.len());
     for m in medians(rounds) {
+        let db = m.cpu_secs_per_1k.map_or_else(String::new, |cpu| {
+            format!(
+                "; per 1,000 events {cpu:.3} PostgreSQL CPU-s, {:.2} MiB WAL",
+                m.wal_mib_per_1k.unwrap_or(f64::NAN)
+            )
+        });
         println!(
-            "  {:<11} {:>9.0} events/s  {}",
+            "  {:<11} {:>9.0} events/s  {}{db}",
             m.mode.name(),
             m.events_per_sec,
             m.ratio_vs_single
