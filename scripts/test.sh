@@ -11,6 +11,8 @@
 #          (superuser, trust auth over TCP: tests CREATE DATABASE per test,
 #           see crates/mailroom-testkit: fresh_postgres_db())
 #      MAILROOM_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:<port>/%2f
+#      MAILROOM_TEST_OPENAPI_PYTHON=<a Python with openapi-spec-validator>
+#          (scripts/openapi-validator.sh: a venv cached under ~/.cache)
 # 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails);
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
@@ -99,6 +101,11 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   section "installing cargo-nextest (not found)"
   cargo install --locked cargo-nextest
 fi
+
+section "openapi-spec-validator (cached venv, for mailroom-server's openapi test)"
+MAILROOM_TEST_OPENAPI_PYTHON="$("$REPO_ROOT/scripts/openapi-validator.sh")"
+export MAILROOM_TEST_OPENAPI_PYTHON
+mr_log "validator: $MAILROOM_TEST_OPENAPI_PYTHON"
 
 rc=0
 nextest_cmd=(cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}")

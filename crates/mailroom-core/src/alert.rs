@@ -139,19 +139,6 @@ pub struct Alert {
     pub message: String,
 }
 
-impl Alert {
-    /// The alert as `/v1/stats` and `mailroom status --json` show it.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "topic": self.topic,
-            "alert": self.kind.as_str(),
-            "value": self.value,
-            "threshold": self.threshold,
-            "message": self.message,
-        })
-    }
-}
-
 /// The alerts firing now, ordered by topic then kind.
 pub fn evaluate(rules: &AlertRules, stats: &[TopicStats], windows: &[AttemptWindow]) -> Vec<Alert> {
     let mut alerts: Vec<Alert> = stats.iter().flat_map(|s| depth_alerts(rules, s)).collect();

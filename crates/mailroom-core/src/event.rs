@@ -21,6 +21,7 @@ use uuid::Uuid;
 /// An event's id: a UUIDv7, so ids sort by creation time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(value_type = uuid::Uuid))]
 pub struct EventId(pub Uuid);
 
 impl EventId {
@@ -73,6 +74,7 @@ impl FromStr for EventId {
 /// Where an event is in its life. See the module docs for the transitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Status {
     /// Waiting to be claimed once `next_attempt_at` has passed.
     Pending,
@@ -155,6 +157,7 @@ pub struct NewEvent {
 
 /// One finished (or abandoned) attempt in an event's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Attempt {
     /// 1-based attempt number; keeps counting across replays.
     pub attempt: u32,
@@ -173,6 +176,7 @@ pub struct Attempt {
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AttemptOutcome {
     /// The handler succeeded.
     Done,

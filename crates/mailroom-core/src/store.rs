@@ -149,6 +149,7 @@ pub struct PurgeReport {
 
 /// What a bulk replay ([`Store::replay_matching`]) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplayReport {
     /// Events sent back to `pending`.
     pub replayed: u64,

@@ -2,31 +2,41 @@
 
 use crate::AppState;
 use crate::problem::Problem;
+use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use mailroom::answer::{EventList, EventObject, StatsAnswer};
-use mailroom::{KeyCursor, ListFilter, Status};
+use mailroom::{KeyCursor, ListFilter, ReplayReport, Status};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/events", get(list).post(crate::idempotency::create))
-        .route("/events/{id}", get(show))
-        .route("/events/{id}/replay", post(replay))
-        .route("/events/{id}/skip", post(skip))
-        .route("/replay", post(replay_matching))
-        .route("/stats", get(stats))
+/// The routes under `/v1` (auth is layered by the caller), documented by
+/// each handler's `#[utoipa::path]`.
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, crate::idempotency::create))
+        .routes(routes!(show))
+        .routes(routes!(replay))
+        .routes(routes!(skip))
+        .routes(routes!(replay_matching))
+        .routes(routes!(stats))
 }
 
 /// Query of `GET /v1/events`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only this topic's events.
     topic: Option<String>,
+    /// Only events in this status.
+    #[param(value_type = Option<Status>)]
     status: Option<String>,
+    /// Only this key's events.
     key: Option<String>,
+    /// Page size, 1..=1000 (default 100).
     limit: Option<u32>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
@@ -50,6 +60,9 @@ fn filter_from(q: ListQuery) -> Result<ListFilter, Problem> {
     })
 }
 
+/// Lists events, newest first, one page at a time.
+#[utoipa::path(get, path = "/events", tag = "events", params(ListQuery),
+    responses((status = 200, description = "One page of events", body = EventList)))]
 async fn list(
     State(s): State<AppState>,
     Query(q): Query<ListQuery>,
@@ -58,6 +71,9 @@ async fn list(
     Ok(Json(json!(EventList::new(&page))))
 }
 
+/// One event with its attempt history.
+#[utoipa::path(get, path = "/events/{id}", tag = "events", params(("id" = String, Path, description = "Event id")),
+    responses((status = 200, description = "The event with `history`", body = EventObject)))]
 async fn show(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s
         .engine
@@ -67,29 +83,42 @@ async fn show(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<
     Ok(Json(json!(EventObject::full(&event))))
 }
 
+/// Sends an event back to `pending` with a fresh attempt budget.
+#[utoipa::path(post, path = "/events/{id}/replay", tag = "operator", params(("id" = String, Path, description = "Event id")),
+    responses((status = 200, description = "The replayed event", body = EventObject)))]
 async fn replay(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s.engine.replay(id.parse()?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
+/// Marks a dead head `skipped`, so its key unblocks.
+#[utoipa::path(post, path = "/events/{id}/skip", tag = "operator", params(("id" = String, Path, description = "Event id")),
+    responses((status = 200, description = "The skipped event", body = EventObject)))]
 async fn skip(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s.engine.skip(id.parse()?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
 /// Body of `POST /v1/replay`: which events to replay (default: dead ones).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayBody {
+    /// Only this topic's events.
     topic: Option<String>,
+    /// Events in this status (default `dead`; never `running`).
+    #[schema(value_type = Option<Status>)]
     status: Option<String>,
+    /// Only this key's events.
     key: Option<String>,
 }
 
+/// Replays every event that matches the filter (default: the dead ones).
+#[utoipa::path(post, path = "/replay", tag = "operator", request_body(content = Option<ReplayBody>),
+    responses((status = 200, description = "How many were replayed", body = ReplayReport)))]
 async fn replay_matching(
     State(s): State<AppState>,
     body: Option<Json<ReplayBody>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<ReplayReport>, Problem> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
     let status = b
         .status
@@ -106,9 +135,13 @@ async fn replay_matching(
         key: b.key,
         ..ListFilter::default()
     };
-    Ok(Json(json!(s.engine.replay_matching(&filter).await?)))
+    Ok(Json(s.engine.replay_matching(&filter).await?))
 }
 
+/// Per topic: counts by status, oldest pending age, blocked keys, rates;
+/// and the alerts firing.
+#[utoipa::path(get, path = "/stats", tag = "operator",
+    responses((status = 200, description = "Numbers per topic and the alerts firing", body = StatsAnswer)))]
 async fn stats(State(s): State<AppState>) -> Result<Json<StatsAnswer>, Problem> {
     Ok(Json(
         StatsAnswer::read(&s.engine, jiff::Timestamp::now()).await?,

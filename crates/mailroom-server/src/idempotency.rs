@@ -42,16 +42,23 @@ use std::sync::Mutex;
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Body of `POST /v1/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateEvent {
+pub(crate) struct CreateEvent {
+    /// A declared topic.
     topic: String,
+    /// Event type.
     #[serde(rename = "type")]
     event_type: Option<String>,
+    /// Ordering key (required in sequential topics without a key pointer).
     key: Option<String>,
+    /// Any JSON value but null.
     #[serde(default)]
+    #[schema(value_type = Value, required = true)]
     payload: Option<Value>,
+    /// Correlation id.
     correlation_id: Option<String>,
+    /// Causation id.
     causation_id: Option<String>,
 }
 
@@ -162,7 +169,11 @@ fn created(body: Value, replayed: bool) -> Response {
     resp
 }
 
-/// `POST /v1/events`.
+/// Stores an event once per `Idempotency-Key`.
+#[utoipa::path(post, path = "/events", tag = "events", request_body = CreateEvent,
+    params(("Idempotency-Key" = String, Header, description = "Makes a retry safe: a repeat with the same body gets the first answer")),
+    responses((status = 201, description = "The event as committed", body = mailroom::answer::EventObject,
+        headers(("idempotent-replayed" = String, description = "`true` on a repeat")))))]
 pub(crate) async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,

@@ -10,6 +10,8 @@
 //!   limits, caps on connections and requests in flight (503), per-source
 //!   rate limits (429).
 //! - `POST /v1/events` with `Idempotency-Key` (module `idempotency`).
+//! - `GET /openapi.json` (module `openapi`): OpenAPI 3.1, generated from
+//!   the handlers' `#[utoipa::path]` attributes that also route them.
 //! - `/metrics` (Prometheus text, rendered by the exporter that
 //!   [`prometheus::install`] sets up for the binary),
 //!   `/healthz`, and `/readyz` (module `ready`: the store and each registered
@@ -21,22 +23,24 @@ pub mod api;
 mod auth;
 mod idempotency;
 pub mod limits;
+mod openapi;
 pub mod problem;
 pub mod prometheus;
 pub mod pull;
 mod ready;
 pub mod webhooks;
 
-use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Router};
 use http::StatusCode;
 use mailroom::Engine;
 pub use ready::Dependency;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// Renders the Prometheus exposition (installed by the binary, so this crate
 /// stays free of a global recorder).
@@ -86,27 +90,44 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
         rate: Arc::default(),
     };
     let max_in_flight = state.options.limits.max_concurrent_requests.max(1);
-    let v1 = api::routes()
-        .merge(pull::routes())
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ));
-    let routes = Router::new()
-        // Each source has its own max_body; the webhook route enforces it.
-        .route(
-            "/webhooks/{source}",
-            post(webhooks::receive).layer(DefaultBodyLimit::disable()),
-        )
-        .nest("/v1", v1)
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready::ready))
+    let (routes, api) = documented_routes(state.clone()).split_for_parts();
+    let routes = routes
+        .layer(Extension(openapi::Document::new(&openapi::finish(api))))
         .with_state(state);
     limits::shed_beyond(routes, max_in_flight)
 }
 
-async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+/// Every route, each documented by its handler's `#[utoipa::path]`; the
+/// `/v1` ones behind the bearer token.
+fn documented_routes(state: AppState) -> OpenApiRouter<AppState> {
+    let (v1, rest) = routes_parts();
+    rest.nest(
+        "/v1",
+        v1.route_layer(axum::middleware::from_fn_with_state(
+            state,
+            auth::require_token,
+        )),
+    )
+}
+
+/// (`/v1` routes, the others).
+fn routes_parts() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+    let v1 = api::routes().merge(pull::routes());
+    // Each source has its own max_body; the webhook route enforces it.
+    let (schemas, paths, webhook) = routes!(webhooks::receive);
+    let rest = OpenApiRouter::new()
+        .routes((schemas, paths, webhook.layer(DefaultBodyLimit::disable())))
+        .routes(routes!(metrics))
+        .routes(routes!(healthz))
+        .routes(routes!(ready::ready))
+        .routes(routes!(openapi::openapi_json));
+    (v1, rest)
+}
+
+/// Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4")))]
+async fn metrics(State(s): State<AppState>) -> Response {
     match &s.options.metrics {
         Some(render) => (
             StatusCode::OK,
@@ -116,6 +137,13 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             .into_response(),
         None => problem::Problem::not_found("metrics are not enabled").into_response(),
     }
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "`ok`", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok"
 }
 
 /// Serves `router` on `listener` until `shutdown` with the default

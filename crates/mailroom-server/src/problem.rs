@@ -59,15 +59,31 @@ impl Problem {
     }
 }
 
+/// The body of every error answer (RFC 9457), as `/openapi.json` documents it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"type": "about:blank", "title": "Not Found", "status": 404, "detail": "no such event"}))]
+pub struct ProblemBody<'a> {
+    /// Always `about:blank`: the status says what kind of problem it is.
+    #[serde(rename = "type")]
+    pub problem_type: &'static str,
+    /// The status's reason phrase.
+    pub title: &'a str,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong, for a human; never internals or secrets.
+    pub detail: &'a str,
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut resp = (self.status, body.to_string()).into_response();
+        let body = ProblemBody {
+            problem_type: "about:blank",
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
+        let mut resp = (self.status, body).into_response();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

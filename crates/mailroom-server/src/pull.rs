@@ -5,34 +5,66 @@
 
 use crate::AppState;
 use crate::problem::Problem;
+use axum::Json;
 use axum::extract::{Path, State};
-use axum::routing::post;
-use axum::{Json, Router};
+use jiff::Timestamp;
 use mailroom::answer::ClaimObject;
 use mailroom::{EventId, FencingToken, Outcome, duration};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// Most events one claim may return.
 pub const MAX_CLAIM: u32 = 1000;
 /// Longest lease a worker may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(3600);
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/topics/{topic}/claim", post(claim))
-        .route("/events/{id}/ack", post(ack))
-        .route("/events/{id}/nack", post(nack))
-        .route("/events/{id}/extend", post(extend))
+/// The pull routes under `/v1` (auth is layered by the caller).
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(claim))
+        .routes(routes!(ack))
+        .routes(routes!(nack))
+        .routes(routes!(extend))
 }
 
 /// A lease given as `"30s"` or as seconds.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 enum LeaseArg {
+    /// Seconds, more than 0.
     Secs(f64),
+    /// A duration: `"100ms"`, `"30s"`, `"5m"`.
     Text(String),
+}
+
+/// The answer to a claim.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClaimAnswer<'a> {
+    /// The events claimed, each with its fencing token (possibly none).
+    pub events: Vec<ClaimObject<'a>>,
+}
+
+/// The answer to an ack or a nack.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FinishAnswer {
+    /// The event.
+    #[schema(value_type = uuid::Uuid)]
+    pub id: String,
+    /// Where it went: `done`, `pending` (retried later) or `dead`.
+    pub status: &'static str,
+}
+
+/// The answer to an extend.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExtendAnswer {
+    /// The event.
+    #[schema(value_type = uuid::Uuid)]
+    pub id: String,
+    /// The lease's new end (store clock).
+    pub lease_until: Timestamp,
 }
 
 impl LeaseArg {
@@ -56,19 +88,27 @@ impl LeaseArg {
 }
 
 /// Body of a claim.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ClaimBody {
+    /// Most events to claim, 1..=1000 (default 1).
     max: Option<u32>,
+    /// Lease length, at most 1h (default: the topic's lease).
     lease: Option<LeaseArg>,
+    /// Worker name shown in the history (default `pull`).
     worker: Option<String>,
 }
 
+/// Claims up to `max` due events of a pull topic under a lease.
+#[utoipa::path(post, path = "/topics/{topic}/claim", tag = "pull",
+    params(("topic" = String, Path, description = "A pull topic")),
+    request_body(content = Option<ClaimBody>),
+    responses((status = 200, description = "The events claimed", body = ClaimAnswer)))]
 async fn claim(
     State(s): State<AppState>,
     Path(topic): Path<String>,
     body: Option<Json<ClaimBody>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<axum::response::Response, Problem> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
     let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
     let worker = b
@@ -77,45 +117,63 @@ async fn claim(
         .unwrap_or_else(|| "pull".into());
     let max = b.max.unwrap_or(1).clamp(1, MAX_CLAIM);
     let claimed = s.engine.claim(&topic, max, lease, &worker).await?;
-    let events: Vec<ClaimObject> = claimed.iter().map(ClaimObject::new).collect();
-    Ok(Json(json!({ "events": events })))
+    let events = claimed.iter().map(ClaimObject::new).collect();
+    Ok(axum::response::IntoResponse::into_response(Json(
+        ClaimAnswer { events },
+    )))
 }
 
 /// Body of an ack.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AckBody {
+    /// The claim's fencing token.
     token: u32,
 }
 
+/// Finishes a claim: the event is done.
+#[utoipa::path(post, path = "/events/{id}/ack", tag = "pull",
+    params(("id" = String, Path, description = "Event id")), request_body = AckBody,
+    responses((status = 200, description = "The event is done", body = FinishAnswer)))]
 async fn ack(
     State(s): State<AppState>,
     Path(id): Path<String>,
     Json(b): Json<AckBody>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<FinishAnswer>, Problem> {
     let id: EventId = id.parse()?;
     s.engine
         .finish_claim(id, FencingToken(b.token), Outcome::Success)
         .await?;
-    Ok(Json(json!({ "id": id.to_string(), "status": "done" })))
+    Ok(Json(FinishAnswer {
+        id: id.to_string(),
+        status: "done",
+    }))
 }
 
 /// Body of a nack.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NackBody {
+    /// The claim's fencing token.
     token: u32,
+    /// Error text for the history (at most 4096 characters are kept).
     error: Option<String>,
+    /// Retry after this long instead of the topic's backoff.
     retry_in: Option<LeaseArg>,
+    /// Dead at once, no retry.
     #[serde(default)]
     permanent: bool,
 }
 
+/// Finishes a claim with a failure: retried later, or dead.
+#[utoipa::path(post, path = "/events/{id}/nack", tag = "pull",
+    params(("id" = String, Path, description = "Event id")), request_body = NackBody,
+    responses((status = 200, description = "`pending` (retried later) or `dead`", body = FinishAnswer)))]
 async fn nack(
     State(s): State<AppState>,
     Path(id): Path<String>,
     Json(b): Json<NackBody>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<FinishAnswer>, Problem> {
     let id: EventId = id.parse()?;
     let error = b.error.unwrap_or_else(|| "nacked by worker".into());
     let error: String = error.chars().take(4096).collect();
@@ -133,26 +191,36 @@ async fn nack(
         mailroom::Completion::Dead { .. } => "dead",
         _ => "pending",
     };
-    Ok(Json(json!({ "id": id.to_string(), "status": status })))
+    Ok(Json(FinishAnswer {
+        id: id.to_string(),
+        status,
+    }))
 }
 
 /// Body of an extend.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ExtendBody {
+    /// The claim's fencing token.
     token: u32,
+    /// New lease length from now (default: the topic's lease).
     lease: Option<LeaseArg>,
 }
 
+/// Extends a claim's lease.
+#[utoipa::path(post, path = "/events/{id}/extend", tag = "pull",
+    params(("id" = String, Path, description = "Event id")), request_body = ExtendBody,
+    responses((status = 200, description = "The lease's new end", body = ExtendAnswer)))]
 async fn extend(
     State(s): State<AppState>,
     Path(id): Path<String>,
     Json(b): Json<ExtendBody>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<ExtendAnswer>, Problem> {
     let id: EventId = id.parse()?;
     let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
     let until = s.engine.extend(id, FencingToken(b.token), lease).await?;
-    Ok(Json(
-        json!({ "id": id.to_string(), "lease_until": until.to_string() }),
-    ))
+    Ok(Json(ExtendAnswer {
+        id: id.to_string(),
+        lease_until: until,
+    }))
 }

@@ -33,6 +33,11 @@ impl std::fmt::Debug for Dependency {
 
 /// 200 when everything is up, else 503 with `Retry-After: 1`; both with
 /// `{"ready", "store": {"up", "error"?}, "<kind>": [{"connection", "up"}]}`.
+#[utoipa::path(get, path = "/readyz", tag = "meta",
+    responses(
+        (status = 200, description = "Ready: `{\"ready\": true, \"store\": {\"up\": true}, \"amqp\": [{\"connection\", \"up\"}]}`", body = Object),
+        (status = 503, description = "Not ready: the same body says which part is down", body = Object),
+    ))]
 pub(crate) async fn ready(State(s): State<AppState>) -> Response {
     let store = s.engine.ready().await;
     let mut ready = store.is_ok();

@@ -11,14 +11,35 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use mailroom::intake::IntakeError;
+use serde::Serialize;
 
-/// Receives one webhook.
+/// The answer to a stored webhook.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WebhookAnswer {
+    /// The stored event (the first one's, for a duplicate).
+    #[schema(value_type = uuid::Uuid)]
+    pub id: String,
+    /// Whether this (source, dedup key) was already stored.
+    pub duplicate: bool,
+}
+
+/// Receives one webhook: verified, deduplicated and committed before the
+/// answer. The body is stored as sent, with its content type.
+#[utoipa::path(post, path = "/webhooks/{source}", tag = "intake",
+    params(("source" = String, Path, description = "A declared source (or, on loopback, any name)")),
+    request_body(content = Vec<u8>, content_type = "*/*", description = "The provider's payload, as sent"),
+    responses(
+        (status = 200, description = "Stored (or already stored)", body = WebhookAnswer),
+        (status = 401, description = "The signature or token does not verify", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body exceeds the source's max_body", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 429, description = "The source's rate limit; see Retry-After", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+    ))]
 pub async fn receive(
     State(s): State<AppState>,
     Path(source): Path<String>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<serde_json::Value>, Problem> {
+) -> Result<Json<WebhookAnswer>, Problem> {
     // Before the body is read, so an over-limit sender costs almost nothing.
     // Every request counts, signed or not: the limit protects the store.
     if let Some(limit) = s.engine.source(&source).and_then(|spec| spec.rate_limit) {
@@ -51,8 +72,8 @@ pub async fn receive(
         }
         Problem::from(e)
     })?;
-    Ok(Json(serde_json::json!({
-        "id": inserted.id.to_string(),
-        "duplicate": inserted.duplicate,
-    })))
+    Ok(Json(WebhookAnswer {
+        id: inserted.id.to_string(),
+        duplicate: inserted.duplicate,
+    }))
 }

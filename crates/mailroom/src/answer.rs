@@ -7,7 +7,10 @@
 //! - [`EventList`]: `{"events": [...], "next_cursor": ... | null}`.
 //! - [`StatsAnswer`]: `GET /v1/stats` and `mailroom status --json`: per
 //!   topic counts by status, oldest pending age, blocked keys, rates over
-//!   the last [`RATE_WINDOW`]; the alerts firing.
+//!   the last [`RATE_WINDOW`]; the alerts firing ([`AlertObject`]).
+//!
+//! With the `openapi` feature each shape also derives its JSON schema, which
+//! mailroom-server's `/openapi.json` is built from.
 
 use crate::Engine;
 use jiff::Timestamp;
@@ -26,6 +29,7 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(60);
 /// is JSON, else null with `payload_base64` set (both null once retention
 /// purged it); `history` appears on single-event reads only.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventObject<'a> {
     /// Event id.
     pub id: EventId,
@@ -57,6 +61,7 @@ pub struct EventObject<'a> {
     /// Content type of the payload.
     pub content_type: Option<&'a str>,
     /// The payload as JSON, or null.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Value>))]
     pub payload: Value,
     /// The payload in base64 when it is not JSON.
     pub payload_base64: Option<String>,
@@ -64,6 +69,7 @@ pub struct EventObject<'a> {
     pub last_error: Option<&'a str>,
     /// Attempt history, oldest first (single-event reads).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Attempt>>))]
     pub history: Option<&'a [Attempt]>,
 }
 
@@ -114,6 +120,7 @@ impl<'a> EventObject<'a> {
 /// A pull claim: the event object plus the claim's fencing `token` and the
 /// end of its lease.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimObject<'a> {
     /// The event.
     #[serde(flatten)]
@@ -137,6 +144,7 @@ impl<'a> ClaimObject<'a> {
 
 /// One page of a listing, newest first.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventList<'a> {
     /// The events, without history.
     pub events: Vec<EventObject<'a>>,
@@ -156,16 +164,19 @@ impl<'a> EventList<'a> {
 
 /// Numbers per topic and the alerts firing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StatsAnswer {
     /// Every declared topic and every topic with stored events, by name.
     pub topics: Vec<TopicAnswer>,
     /// The alerts firing now.
     #[serde(serialize_with = "alerts_json")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<AlertObject>))]
     pub alerts: Vec<Alert>,
 }
 
 /// One topic's numbers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicAnswer {
     /// The topic.
     pub topic: String,
@@ -185,6 +196,7 @@ pub struct TopicAnswer {
 
 /// Attempts that finished over the last [`RATE_WINDOW`], per second.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Rates {
     /// The window's length.
     pub window_seconds: u64,
@@ -213,8 +225,38 @@ impl TopicAnswer {
     }
 }
 
+/// An alert firing, as `/v1/stats` and `mailroom status --json` show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AlertObject<'a> {
+    /// The topic.
+    pub topic: &'a str,
+    /// The `[alerts]` key crossed: `dead_letter_depth`, `backlog`,
+    /// `failure_rate` or `processing_time`.
+    pub alert: &'static str,
+    /// The measured value (seconds for `processing_time`).
+    pub value: f64,
+    /// The configured threshold (seconds for `processing_time`).
+    pub threshold: f64,
+    /// One line for a human.
+    pub message: &'a str,
+}
+
+impl<'a> AlertObject<'a> {
+    /// The object of `alert`.
+    pub fn new(alert: &'a Alert) -> Self {
+        Self {
+            topic: &alert.topic,
+            alert: alert.kind.as_str(),
+            value: alert.value,
+            threshold: alert.threshold,
+            message: &alert.message,
+        }
+    }
+}
+
 fn alerts_json<S: serde::Serializer>(alerts: &[Alert], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(alerts.iter().map(Alert::to_json))
+    s.collect_seq(alerts.iter().map(AlertObject::new))
 }
 
 impl StatsAnswer {

@@ -7,6 +7,7 @@ mod command_handler;
 mod http_handler;
 mod intake;
 mod leases;
+mod openapi;
 mod ready;
 mod retries;
 mod support;
