@@ -116,7 +116,7 @@ fn complete(s: &Scrape) -> bool {
     ["accepted", "duplicate"]
         .iter()
         .all(|o| shop(o) == Some(1.0))
-        && shop("rejected") == Some(2.0)
+        && shop("rejected") == Some(3.0)
         && s.has(processed, &[("topic", "orders"), ("outcome", "done")])
         && s.has(processed, &[("topic", "failing"), ("outcome", "retry")])
         && s.has(processed, &[("topic", "failing"), ("outcome", "dead")])
@@ -147,6 +147,7 @@ kind = "topic"
 [[source]]
 name = "shop"
 topic = "orders"
+max_body = "1KB"
 id = {{ json = "/id" }}
 
 [[topic]]
@@ -171,7 +172,7 @@ handler = {{ amqp = {{ exchange = "{exchange}", routing_key = "{{type}}" }} }}
 }
 
 /// Webhooks accepted, duplicate and rejected (no ordering key; no dedup
-/// key: both count as `rejected`); an event
+/// key; a body over `max_body`: all three count as `rejected`); an event
 /// that a handler takes; one whose handler is unreachable (retry, then
 /// dead); one published to the broker.
 async fn traffic(base: &str) {
@@ -192,6 +193,14 @@ async fn traffic(base: &str) {
         .await
         .expect("post");
     assert_eq!(unusable.status(), 400, "no dedup key");
+    let oversized = http
+        .post(format!("{base}/webhooks/shop"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 2048])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(oversized.status(), 413, "over max_body");
     for (topic, key) in [("failing", "f-1"), ("outbox", "o-1")] {
         let resp = http
             .post(format!("{base}/v1/events"))

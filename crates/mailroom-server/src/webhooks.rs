@@ -59,9 +59,11 @@ pub async fn receive(
         if n <= crate::limits::DRAIN_MAX {
             crate::limits::drain(body, n).await;
         }
+        s.engine.count_oversized_webhook(&source);
         return Err(IntakeError::TooLarge { limit }.into());
     }
     let bytes = read_body(body, limit, s.options.limits.body_read_timeout, || {
+        s.engine.count_oversized_webhook(&source);
         IntakeError::TooLarge { limit }.into()
     })
     .await?;

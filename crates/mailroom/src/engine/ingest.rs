@@ -173,6 +173,20 @@ impl Engine {
         result
     }
 
+    /// Counts a webhook whose body was over its source's `max_body` (the
+    /// server answers 413 before the body reaches [`Engine::ingest_webhook`])
+    /// as a `rejected` intake of that source's topic. Unknown sources are
+    /// not counted, as they are not elsewhere.
+    pub fn count_oversized_webhook(&self, source: &str) {
+        match self.inner.sources.get(source) {
+            Some(spec) => count_received(&spec.name, &spec.topic, "rejected"),
+            None if self.inner.accept_undeclared && valid_source_name(source) => {
+                count_received(source, source, "rejected");
+            }
+            None => {}
+        }
+    }
+
     /// Webhook intake: resolves the source, verifies the signature (first),
     /// extracts the envelope, checks it ([`crate::accept`]), stores durably.
     /// The caller answers 2xx only on `Ok`.
