@@ -6,8 +6,9 @@ use crate::pgwork::DbWork;
 use crate::stats::{fmt_cpu, fmt_times};
 
 /// Headers of the database-work columns (PostgreSQL): PostgreSQL
-/// CPU-seconds and WAL MiB per 1,000 drained events, WAL records per event.
-const DB_HEADER: &str = "  pg s/1k WAL MiB/1k  rec/ev";
+/// CPU-seconds and WAL MiB per 1,000 drained events, WAL records and
+/// full-page images per event (images follow a checkpoint in the window).
+const DB_HEADER: &str = "  pg s/1k WAL MiB/1k  rec/ev  fpi/ev";
 
 /// The database-work columns of a result (blank on SQLite).
 fn db_columns(db: Option<&DbWork>) -> String {
@@ -15,11 +16,13 @@ fn db_columns(db: Option<&DbWork>) -> String {
         return String::new();
     };
     format!(
-        "{:>8.3} {:>10.2} {:>7}",
+        "{:>8.3} {:>10.2} {:>7} {:>7}",
         db.cpu_secs_per_1k,
         db.wal_mib_per_1k(),
         db.wal_records_per_event
             .map_or_else(|| "-".into(), |r| format!("{r:.1}")),
+        db.wal_fpi_per_event
+            .map_or_else(|| "-".into(), |r| format!("{r:.2}")),
     )
 }
 
