@@ -1,4 +1,5 @@
-//! `Authorization: Bearer <api_token>` on `/v1/*`, compared in constant time.
+//! `Authorization: Bearer <api_token>` on `/v1/*`, compared in constant time
+//! (the dashboard's login compares with the same [`token_matches`]).
 
 use crate::AppState;
 use crate::problem::Problem;
@@ -13,21 +14,7 @@ pub(crate) async fn require_token(State(s): State<AppState>, req: Request, next:
     if tokens.is_empty() {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let ok = presented.is_some_and(|p| {
-        // Check every token (no early exit) so timing says nothing about which matched.
-        tokens
-            .iter()
-            .fold(subtle::Choice::from(0), |acc, t| {
-                acc | t.as_bytes().ct_eq(p.as_bytes())
-            })
-            .into()
-    });
+    let ok = bearer(req.headers()).is_some_and(|p| token_matches(tokens, p));
     if ok {
         next.run(req).await
     } else {
@@ -43,4 +30,24 @@ pub(crate) async fn require_token(State(s): State<AppState>, req: Request, next:
         );
         resp
     }
+}
+
+/// The token of an `Authorization: Bearer` header, if any.
+pub(crate) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Whether `presented` is one of `tokens`. Every token is compared (no
+/// early exit), so timing says nothing about which matched.
+pub(crate) fn token_matches(tokens: &[String], presented: &str) -> bool {
+    tokens
+        .iter()
+        .fold(subtle::Choice::from(0), |acc, t| {
+            acc | t.as_bytes().ct_eq(presented.as_bytes())
+        })
+        .into()
 }

@@ -6,6 +6,8 @@
 //! - [`webhooks`]: `POST /webhooks/{source}` — verify, dedup, commit, then 200.
 //! - [`api`]: `/v1/events` (list, show, replay, skip), `/v1/replay`, `/v1/stats`.
 //! - [`pull`]: `/v1/topics/{topic}/claim`, `/v1/events/{id}/ack|nack|extend` for pull workers.
+//! - module `dashboard`: the web pages at `GET /` and `/ui/*` (overview,
+//!   topics, events, dead letters), with login, sessions and CSRF checks.
 //! - [`limits`]: load shedding — header and body read deadlines, header
 //!   limits, caps on connections and requests in flight (503), per-source
 //!   rate limits (429).
@@ -21,6 +23,7 @@
 
 pub mod api;
 mod auth;
+mod dashboard;
 mod idempotency;
 pub mod limits;
 mod openapi;
@@ -39,6 +42,7 @@ pub use ready::Dependency;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -79,6 +83,7 @@ pub struct AppState {
     pub options: Arc<ServerOptions>,
     inflight: Arc<idempotency::InFlight>,
     rate: Arc<limits::RateLimiter>,
+    dashboard: Arc<dashboard::Dashboard>,
 }
 
 /// The whole HTTP surface.
@@ -88,10 +93,13 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
         options: Arc::new(options),
         inflight: Arc::default(),
         rate: Arc::default(),
+        dashboard: Arc::default(),
     };
     let max_in_flight = state.options.limits.max_concurrent_requests.max(1);
     let (routes, api) = documented_routes(state.clone()).split_for_parts();
+    let api = api.merge_from(dashboard::Doc::openapi());
     let routes = routes
+        .merge(dashboard::routes(state.clone()))
         .layer(Extension(openapi::Document::new(&openapi::finish(api))))
         .with_state(state);
     limits::shed_beyond(routes, max_in_flight)

@@ -4,6 +4,7 @@
 
 mod api;
 mod command_handler;
+mod dashboard;
 mod http_handler;
 mod intake;
 mod leases;

@@ -73,7 +73,9 @@ async fn served_routes(router: axum::Router) -> BTreeSet<(String, String)> {
                 .await
                 .expect("infallible")
                 .status();
-            if status != StatusCode::METHOD_NOT_ALLOWED {
+            // The dashboard's pages under /ui/ are its own links, not API
+            // operations; its entry, `GET /`, is documented like the rest.
+            if status != StatusCode::METHOD_NOT_ALLOWED && !path.starts_with("/ui/") {
                 routes.insert((method.as_str().to_lowercase(), path.clone()));
             }
         }

@@ -1,0 +1,286 @@
+//! Dead letters: every dead event across topics, filtered; replay of one
+//! (on its event page) or of every match, as a job whose progress a page
+//! shows while it runs.
+
+use super::pages::{EventRow, PAGE_SIZE, cursor};
+use super::session::Session;
+use super::view::{self, Frame, PageError, encode};
+use crate::AppState;
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use mailroom::{Engine, KeyCursor, ListFilter, Status, StoreError};
+use serde::Deserialize;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What the dead letters page and a bulk replay filter on.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct DeadFilter {
+    #[serde(default)]
+    topic: String,
+    #[serde(default)]
+    key: String,
+}
+
+impl DeadFilter {
+    fn list_filter(&self, limit: u32, cursor: Option<KeyCursor>) -> ListFilter {
+        let some = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
+        ListFilter {
+            topic: some(&self.topic),
+            status: Some(Status::Dead),
+            key: some(&self.key),
+            limit,
+            cursor,
+        }
+    }
+
+    fn query(&self) -> String {
+        format!("topic={}&key={}", encode(&self.topic), encode(&self.key))
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = vec![];
+        if !self.topic.trim().is_empty() {
+            parts.push(format!("topic {}", self.topic.trim()));
+        }
+        if !self.key.trim().is_empty() {
+            parts.push(format!("key {}", self.key.trim()));
+        }
+        if parts.is_empty() {
+            "every dead event".to_owned()
+        } else {
+            format!("dead events of {}", parts.join(", "))
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/dead.html")]
+struct DeadPage {
+    frame: Frame,
+    filter: DeadFilter,
+    topics: Vec<String>,
+    matching: u64,
+    events: Vec<EventRow>,
+    next: Option<String>,
+}
+
+/// Query of the dead letters page: the filter and the page's cursor.
+#[derive(Debug, Deserialize, Default)]
+pub(crate) struct DeadQuery {
+    #[serde(flatten)]
+    filter: DeadFilter,
+    cursor: Option<String>,
+}
+
+/// `GET /ui/dead`: the matching dead events newest first, how many match
+/// in all (what "replay all" would take), a page at a time.
+pub(crate) async fn page(
+    State(s): State<AppState>,
+    Extension(session): Extension<Session>,
+    Query(q): Query<DeadQuery>,
+) -> Result<Response, PageError> {
+    let filter = q.filter;
+    let listed = s
+        .engine
+        .list(&filter.list_filter(PAGE_SIZE, cursor(q.cursor.as_deref())?))
+        .await?;
+    let matching = count(&s.engine, &filter.list_filter(0, None)).await?;
+    let next = listed
+        .next_cursor
+        .map(|c| format!("?{}&cursor={}", filter.query(), c.0));
+    let page = DeadPage {
+        frame: Frame::new("Dead letters", session),
+        topics: s.engine.topics().map(|t| t.name.clone()).collect(),
+        matching,
+        events: listed.events.iter().map(EventRow::new).collect(),
+        next,
+        filter,
+    };
+    Ok(view::render(StatusCode::OK, &page))
+}
+
+/// How many events match `filter`, by paging through them.
+async fn count(engine: &Engine, filter: &ListFilter) -> Result<u64, StoreError> {
+    let mut f = ListFilter {
+        limit: 1000,
+        ..filter.clone()
+    };
+    let mut n = 0;
+    loop {
+        let page = engine.list(&f).await?;
+        n += page.events.len() as u64;
+        match page.next_cursor {
+            Some(c) => f.cursor = Some(c),
+            None => return Ok(n),
+        }
+    }
+}
+
+/// A bulk replay under way or finished.
+#[derive(Debug)]
+pub(crate) struct Job {
+    id: u64,
+    what: String,
+    total: u64,
+    replayed: AtomicU64,
+    purged: AtomicU64,
+    changed: AtomicU64,
+    finished: AtomicBool,
+    error: Mutex<Option<String>>,
+}
+
+/// The latest bulk replays, for their progress pages.
+#[derive(Debug, Default)]
+pub(crate) struct Jobs {
+    next_id: AtomicU64,
+    recent: Mutex<VecDeque<Arc<Job>>>,
+}
+
+/// Jobs kept for their progress pages.
+const JOBS_KEPT: usize = 32;
+/// Replays in flight at once within a job.
+const JOB_CHUNK: u32 = 100;
+
+impl Jobs {
+    fn add(&self, what: String, total: u64) -> Arc<Job> {
+        let job = Arc::new(Job {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            what,
+            total,
+            replayed: AtomicU64::new(0),
+            purged: AtomicU64::new(0),
+            changed: AtomicU64::new(0),
+            finished: AtomicBool::new(false),
+            error: Mutex::new(None),
+        });
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() >= JOBS_KEPT {
+            recent.pop_front();
+        }
+        recent.push_back(job.clone());
+        job
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<Job>> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.iter().find(|j| j.id == id).cloned()
+    }
+}
+
+/// Form of `POST /ui/dead/replay`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct StartForm {
+    #[serde(flatten)]
+    filter: DeadFilter,
+}
+
+/// `POST /ui/dead/replay`: replays every dead event matching the filter in
+/// the background, and shows the job's progress page.
+pub(crate) async fn start(
+    State(s): State<AppState>,
+    Form(form): Form<StartForm>,
+) -> Result<Response, PageError> {
+    let filter = form.filter;
+    let total = count(&s.engine, &filter.list_filter(0, None)).await?;
+    let job = s.dashboard.jobs.add(filter.describe(), total);
+    tokio::spawn(run(s.engine.clone(), filter, job.clone()));
+    Ok(Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response())
+}
+
+/// Replays the matching events a chunk at a time (each replay is one
+/// store write; a chunk runs concurrently so the store can group them),
+/// walking the listing by cursor so events it cannot replay are passed,
+/// not met again.
+async fn run(engine: Engine, filter: DeadFilter, job: Arc<Job>) {
+    let mut cursor = None;
+    loop {
+        let page = match engine.list(&filter.list_filter(JOB_CHUNK, cursor)).await {
+            Ok(p) => p,
+            Err(e) => return job.fail(&e),
+        };
+        let mut set = tokio::task::JoinSet::new();
+        for id in page.events.iter().map(|e| e.id) {
+            let engine = engine.clone();
+            set.spawn(async move { engine.replay(id).await.map(drop) });
+        }
+        while let Some(done) = set.join_next().await {
+            match done {
+                Ok(Ok(())) => job.replayed.fetch_add(1, Ordering::Relaxed),
+                Ok(Err(StoreError::Purged(_))) => job.purged.fetch_add(1, Ordering::Relaxed),
+                Ok(Err(StoreError::Conflict(_) | StoreError::NotFound)) | Err(_) => {
+                    job.changed.fetch_add(1, Ordering::Relaxed)
+                }
+                Ok(Err(e)) => return job.fail(&e),
+            };
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    job.finished.store(true, Ordering::Release);
+}
+
+impl Job {
+    fn fail(&self, e: &StoreError) {
+        tracing::error!(error = %e, job = self.id, "dashboard bulk replay stopped");
+        *self.error.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some("the store failed; see the server's log".to_owned());
+        self.finished.store(true, Ordering::Release);
+    }
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/job.html")]
+struct JobPage {
+    frame: Frame,
+    what: String,
+    total: u64,
+    handled: u64,
+    replayed: u64,
+    purged: u64,
+    changed: u64,
+    finished: bool,
+    error: String,
+}
+
+/// `GET /ui/jobs/{id}`: a bulk replay's progress (the page refreshes
+/// itself until the job ends).
+pub(crate) async fn job(
+    State(s): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<u64>,
+) -> Result<Response, PageError> {
+    let job = s
+        .dashboard
+        .jobs
+        .get(id)
+        .ok_or(PageError::NotFound("no such job"))?;
+    let (replayed, purged, changed) = (
+        job.replayed.load(Ordering::Relaxed),
+        job.purged.load(Ordering::Relaxed),
+        job.changed.load(Ordering::Relaxed),
+    );
+    let page = JobPage {
+        frame: Frame::new(format!("Replay {}", job.id), session),
+        what: job.what.clone(),
+        total: job.total,
+        handled: replayed + purged + changed,
+        replayed,
+        purged,
+        changed,
+        finished: job.finished.load(Ordering::Acquire),
+        error: job
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default(),
+    };
+    Ok(view::render(StatusCode::OK, &page))
+}

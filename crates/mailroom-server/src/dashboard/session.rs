@@ -1,0 +1,416 @@
+//! Who may use the dashboard, and how a browser proves it.
+//!
+//! - With `api_token` set, the login form exchanges the token for a session:
+//!   a random id kept server-side, sent as an `HttpOnly; SameSite=Strict`
+//!   cookie, renewed (a fresh id) at login so an id planted before login is
+//!   worth nothing. An `Authorization: Bearer` header works too (scripts,
+//!   the bench).
+//! - Without a token (loopback only, SPEC §7) there is no login, but each
+//!   browser still gets a session, for its CSRF token.
+//! - Every state-changing request (any method but GET/HEAD) must come with
+//!   an `Origin` naming this host and, unless authenticated by a bearer
+//!   header (which a browser never attaches by itself), the session's CSRF
+//!   token as the form field `csrf` or the header `X-CSRF-Token` (the OWASP
+//!   synchronizer-token pattern).
+
+use super::view::{self, Frame, PageError};
+use crate::AppState;
+use crate::auth::{bearer, token_matches};
+use askama::Template;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use rand::RngCore;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use subtle::ConstantTimeEq;
+
+/// The session cookie's name.
+pub(crate) const COOKIE: &str = "mailroom_session";
+/// A session unused this long ends.
+const IDLE: Duration = Duration::from_secs(12 * 3600);
+/// At most this many sessions are kept; the one idle longest goes first.
+const MAX_SESSIONS: usize = 10_000;
+/// The largest form a dashboard action reads.
+const MAX_FORM: usize = 64 * 1024;
+
+/// What a page learns about the request's session.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// The token forms carry back (empty for bearer-authenticated requests).
+    pub(crate) csrf: String,
+    /// Whether there is a login to end (a token is configured).
+    pub(crate) can_logout: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    csrf: String,
+    authenticated: bool,
+    last_used: Instant,
+}
+
+/// Server-side sessions by random id.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<String, Entry>>,
+}
+
+impl Sessions {
+    /// A new session; its id (the cookie's value) and CSRF token.
+    fn create(&self, authenticated: bool) -> (String, String) {
+        let (id, csrf) = (random_token(), random_token());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, e| e.last_used.elapsed() < IDLE);
+        if map.len() >= MAX_SESSIONS {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                map.remove(&k);
+            }
+        }
+        let entry = Entry {
+            csrf: csrf.clone(),
+            authenticated,
+            last_used: Instant::now(),
+        };
+        map.insert(id.clone(), entry);
+        (id, csrf)
+    }
+
+    /// The live session `id`, marked as used now.
+    fn touch(&self, id: &str) -> Option<Entry> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map.get_mut(id)?;
+        if entry.last_used.elapsed() >= IDLE {
+            map.remove(id);
+            return None;
+        }
+        entry.last_used = Instant::now();
+        Some(entry.clone())
+    }
+
+    fn remove(&self, id: &str) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+/// 32 random bytes from the thread's CSPRNG, in hex.
+fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+fn session_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value)
+}
+
+fn set_cookie(resp: &mut Response, id: &str) {
+    let cookie = format!(
+        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+        IDLE.as_secs()
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        resp.headers_mut().append(header::SET_COOKIE, v);
+    }
+}
+
+/// Whether the request's `Origin` names the host it was sent to. A missing
+/// or opaque (`null`) origin does not.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let (Some(origin), Some(host)) = (origin, host) else {
+        return false;
+    };
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    authority.is_some_and(|a| a.eq_ignore_ascii_case(host))
+}
+
+#[derive(Debug, Deserialize)]
+struct CsrfField {
+    csrf: String,
+}
+
+/// The CSRF token a request carries (header, else form field), and the
+/// request rebuilt around the body that was read to find it.
+async fn presented_csrf(req: Request) -> Result<(Option<String>, Request), Response> {
+    if let Some(t) = req
+        .headers()
+        .get("x-csrf-token")
+        .and_then(|v| v.to_str().ok())
+    {
+        let t = t.to_owned();
+        return Ok((Some(t), req));
+    }
+    let (parts, body) = req.into_parts();
+    let bytes: Bytes = axum::body::to_bytes(body, MAX_FORM)
+        .await
+        .map_err(|_| view::plain(StatusCode::PAYLOAD_TOO_LARGE, "form too large"))?;
+    let copy = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
+    let token = Form::<CsrfField>::from_request(copy, &())
+        .await
+        .ok()
+        .map(|Form(f)| f.csrf);
+    Ok((token, Request::from_parts(parts, Body::from(bytes))))
+}
+
+fn is_read(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// Lets a request through to a dashboard route only with a session (or a
+/// bearer token), and a state-changing one only from this origin with the
+/// session's CSRF token. Others get a redirect to the login form (pages)
+/// or 401 (actions), or 403.
+pub(crate) async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let open = s.options.api_tokens.is_empty();
+    let sessions = &s.dashboard.sessions;
+    let entry = session_id(req.headers())
+        .and_then(|id| sessions.touch(id))
+        .filter(|e| e.authenticated);
+    let by_bearer =
+        !open && bearer(req.headers()).is_some_and(|t| token_matches(&s.options.api_tokens, t));
+    let mut new_cookie = None;
+    let session = match entry {
+        Some(e) => Session {
+            csrf: e.csrf,
+            can_logout: !open,
+        },
+        None if by_bearer => Session {
+            csrf: String::new(),
+            can_logout: false,
+        },
+        None if open => {
+            let (id, csrf) = sessions.create(true);
+            new_cookie = Some(id);
+            Session {
+                csrf,
+                can_logout: false,
+            }
+        }
+        None => return refuse(&req),
+    };
+    let mut req = req;
+    if !is_read(req.method()) {
+        req = match check_write(req, &session, by_bearer).await {
+            Ok(req) => req,
+            Err(resp) => return resp,
+        };
+    }
+    req.extensions_mut().insert(session);
+    let mut resp = next.run(req).await;
+    if let Some(id) = new_cookie {
+        set_cookie(&mut resp, &id);
+    }
+    resp
+}
+
+/// The Origin and CSRF checks of a state-changing request.
+async fn check_write(
+    req: Request,
+    session: &Session,
+    by_bearer: bool,
+) -> Result<Request, Response> {
+    let origin_ok =
+        same_origin(req.headers()) || (by_bearer && !req.headers().contains_key(header::ORIGIN));
+    if !origin_ok {
+        return Err(view::plain(
+            StatusCode::FORBIDDEN,
+            "cross-origin request refused",
+        ));
+    }
+    if by_bearer {
+        return Ok(req);
+    }
+    let (token, req) = presented_csrf(req).await?;
+    let ok = token.is_some_and(|t| bool::from(t.as_bytes().ct_eq(session.csrf.as_bytes())));
+    if ok {
+        Ok(req)
+    } else {
+        Err(view::plain(
+            StatusCode::FORBIDDEN,
+            "missing or wrong CSRF token",
+        ))
+    }
+}
+
+fn refuse(req: &Request) -> Response {
+    if is_read(req.method()) {
+        let next = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let to = format!("/ui/login?next={}", view::encode(&next));
+        Redirect::to(&to).into_response()
+    } else {
+        view::plain(StatusCode::UNAUTHORIZED, "log in first")
+    }
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/login.html")]
+struct LoginPage {
+    frame: Frame,
+    next: String,
+    failed: bool,
+}
+
+/// Query of the login form.
+#[derive(Debug, Deserialize, Default)]
+pub(crate) struct LoginQuery {
+    next: Option<String>,
+}
+
+/// `GET /ui/login`: the form, with a fresh pre-login session for its CSRF
+/// token. Without a configured token there is nothing to log in to.
+pub(crate) async fn login_form(State(s): State<AppState>, Query(q): Query<LoginQuery>) -> Response {
+    if s.options.api_tokens.is_empty() {
+        return Redirect::to("/").into_response();
+    }
+    let (id, csrf) = s.dashboard.sessions.create(false);
+    let page = LoginPage {
+        frame: Frame::new(
+            "Log in",
+            Session {
+                csrf,
+                can_logout: false,
+            },
+        ),
+        next: safe_next(q.next.as_deref()).to_owned(),
+        failed: false,
+    };
+    let mut resp = view::render(StatusCode::OK, &page);
+    set_cookie(&mut resp, &id);
+    resp
+}
+
+/// Form of `POST /ui/login`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct LoginForm {
+    token: String,
+    csrf: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `POST /ui/login`: from this origin, with the pre-login session's CSRF
+/// token and a configured API token, starts a session under a fresh id.
+pub(crate) async fn login(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let sessions = &s.dashboard.sessions;
+    if !same_origin(&headers) {
+        return view::plain(StatusCode::FORBIDDEN, "cross-origin request refused");
+    }
+    let pre = session_id(&headers).map(|id| (id, sessions.touch(id)));
+    let Some((pre_id, Some(pre))) = pre else {
+        return Redirect::to("/ui/login").into_response();
+    };
+    if !bool::from(f.csrf.as_bytes().ct_eq(pre.csrf.as_bytes())) {
+        return view::plain(StatusCode::FORBIDDEN, "missing or wrong CSRF token");
+    }
+    if s.options.api_tokens.is_empty() || !token_matches(&s.options.api_tokens, f.token.trim()) {
+        let page = LoginPage {
+            frame: Frame::new(
+                "Log in",
+                Session {
+                    csrf: pre.csrf,
+                    can_logout: false,
+                },
+            ),
+            next: safe_next(Some(&f.next)).to_owned(),
+            failed: true,
+        };
+        return view::render(StatusCode::UNAUTHORIZED, &page);
+    }
+    sessions.remove(pre_id);
+    let (id, _) = sessions.create(true);
+    let mut resp = Redirect::to(safe_next(Some(&f.next))).into_response();
+    set_cookie(&mut resp, &id);
+    resp
+}
+
+/// Where to go after login: a path on this site, never another site
+/// (`//host` or `/\host` would leave it).
+fn safe_next(next: Option<&str>) -> &str {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.starts_with("/\\") => n,
+        _ => "/",
+    }
+}
+
+/// `POST /ui/logout`: ends the session.
+pub(crate) async fn logout(
+    State(s): State<AppState>,
+    Extension(_session): Extension<Session>,
+    headers: HeaderMap,
+) -> Result<Response, PageError> {
+    if let Some(id) = session_id(&headers) {
+        s.dashboard.sessions.remove(id);
+    }
+    let mut resp = Redirect::to("/ui/login").into_response();
+    let expired = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    if let Ok(v) = HeaderValue::from_str(&expired) {
+        resp.headers_mut().append(header::SET_COOKIE, v);
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only paths on this site are followed after login.
+    #[test]
+    fn next_never_leaves_the_site() {
+        assert_eq!(safe_next(Some("/ui/dead?topic=a")), "/ui/dead?topic=a");
+        assert_eq!(safe_next(Some("//evil.example/")), "/");
+        assert_eq!(safe_next(Some("/\\evil.example/")), "/");
+        assert_eq!(safe_next(Some("https://evil.example/")), "/");
+        assert_eq!(safe_next(None), "/");
+    }
+
+    /// The Origin must name the Host the request was sent to.
+    #[test]
+    fn same_origin_compares_origin_with_host() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert!(!same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        assert!(same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:9090"),
+        );
+        assert!(!same_origin(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(!same_origin(&h));
+    }
+}
