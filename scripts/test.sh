@@ -13,6 +13,9 @@
 #      MAILROOM_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:<port>/%2f
 #      MAILROOM_TEST_OPENAPI_PYTHON=<a Python with openapi-spec-validator>
 #          (scripts/openapi-validator.sh: a venv cached under ~/.cache)
+#      MAILROOM_TEST_CHROMIUM, MAILROOM_TEST_CHROMEDRIVER (Debian's chromium and
+#          chromium-driver, installed when missing: mailroom-cli's dashboard
+#          browser test)
 # 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails);
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
@@ -106,6 +109,15 @@ section "openapi-spec-validator (cached venv, for mailroom-server's openapi test
 MAILROOM_TEST_OPENAPI_PYTHON="$("$REPO_ROOT/scripts/openapi-validator.sh")"
 export MAILROOM_TEST_OPENAPI_PYTHON
 mr_log "validator: $MAILROOM_TEST_OPENAPI_PYTHON"
+
+section "chromium + chromedriver (for mailroom-cli's dashboard browser test)"
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  mr_apt_install chromium chromium-driver
+fi
+MAILROOM_TEST_CHROMIUM="$(command -v chromium)" || mr_die "chromium not found after install"
+MAILROOM_TEST_CHROMEDRIVER="$(command -v chromedriver)" || mr_die "chromedriver not found after install"
+export MAILROOM_TEST_CHROMIUM MAILROOM_TEST_CHROMEDRIVER
+mr_log "browser: $MAILROOM_TEST_CHROMIUM, driver: $MAILROOM_TEST_CHROMEDRIVER"
 
 rc=0
 nextest_cmd=(cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}")
