@@ -141,7 +141,7 @@ impl Default for RetentionConfig {
 
 /// `[alerts]`: thresholds evaluated continuously (see
 /// [`AlertRules`](mailroom_core::AlertRules) for what each one measures).
-#[derive(Debug, Clone, Copy, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AlertsConfig {
     /// Dead events per topic.
@@ -153,6 +153,30 @@ pub struct AlertsConfig {
     /// p95 attempt duration in the last 5 minutes, or the longest running one.
     #[serde(default, with = "duration::serde_opt")]
     pub processing_time: Option<Duration>,
+    /// `notify = { http = { url, secret } }`: where each alert's start and
+    /// end is POSTed.
+    pub notify: Option<AlertNotifyConfig>,
+}
+
+/// `[alerts] notify = { http = {...} }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertNotifyConfig {
+    /// A signed POST per transition.
+    pub http: AlertHttpConfig,
+}
+
+/// `notify = { http = { url, secret, timeout } }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertHttpConfig {
+    /// Receiver URL (http or https).
+    pub url: String,
+    /// Standard Webhooks signing secret (`whsec_<base64>`, or any string).
+    pub secret: Option<String>,
+    /// Per-request timeout (default 10s).
+    #[serde(default, with = "duration::serde_opt")]
+    pub timeout: Option<Duration>,
 }
 
 /// `[limits]`: protections of the HTTP listener. Unset keys keep the

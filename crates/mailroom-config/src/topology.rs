@@ -9,7 +9,8 @@ use crate::handler::handler;
 use crate::source::source_spec;
 use crate::topic::topic_spec;
 use mailroom::handler::SharedHandler;
-use mailroom::{AlertRules, EngineBuilder, Retention, SourceSpec, Store, TopicSpec};
+use mailroom::handler::http::HttpHandler;
+use mailroom::{AlertNotify, AlertRules, EngineBuilder, Retention, SourceSpec, Store, TopicSpec};
 use std::sync::Arc;
 
 /// Everything a configuration declares, validated and built (handlers
@@ -28,6 +29,8 @@ pub struct Topology {
     pub retention: Retention,
     /// Alert thresholds.
     pub alerts: AlertRules,
+    /// Where alert transitions are POSTed (`[alerts] notify`).
+    pub alert_notify: Option<AlertNotify>,
 }
 
 impl Topology {
@@ -62,6 +65,7 @@ impl Topology {
             sources,
             amqp,
             alerts: alert_rules(config)?,
+            alert_notify: alert_notify(config)?,
             retention: Retention {
                 done: config.retention.done,
                 dead: config.retention.dead,
@@ -76,6 +80,9 @@ impl Topology {
         let mut b = mailroom::Engine::builder(store)
             .retention(self.retention)
             .alerts(self.alerts);
+        if let Some(n) = self.alert_notify {
+            b = b.alert_notify(n);
+        }
         for (spec, handler) in self.topics {
             if let Some(h) = handler {
                 b = b.handler(spec.name.clone(), h);
@@ -103,6 +110,34 @@ fn alert_rules(config: &Config) -> Result<AlertRules, ConfigError> {
         error,
     })?;
     Ok(rules)
+}
+
+/// `[alerts] notify = { http = {...} }`: an http(s) URL and a decodable secret.
+fn alert_notify(config: &Config) -> Result<Option<AlertNotify>, ConfigError> {
+    let Some(n) = &config.alerts.notify else {
+        return Ok(None);
+    };
+    let url = reqwest::Url::parse(&n.http.url)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .ok_or_else(|| {
+            config.invalid(
+                "alerts.notify.http.url",
+                format!("{:?} is not an http(s) URL", n.http.url),
+            )
+        })?;
+    let secret = n
+        .http
+        .secret
+        .as_deref()
+        .map(HttpHandler::decode_secret)
+        .transpose()
+        .map_err(|m| config.invalid("alerts.notify.http.secret", m))?;
+    let mut notify = AlertNotify::new(url, secret);
+    if let Some(t) = n.http.timeout {
+        notify.timeout = t;
+    }
+    Ok(Some(notify))
 }
 
 #[cfg(test)]
@@ -142,6 +177,42 @@ mod tests {
             .map(|_| ())
             .unwrap_err();
         assert!(err.contains("alerts.processing_time"), "{err}");
+    }
+
+    /// `[alerts] notify` becomes the engine's notifier; a URL that is not
+    /// http(s), an undecodable secret or an unknown key is refused by key.
+    #[test]
+    fn alert_notifications_need_an_http_url_and_a_decodable_secret() {
+        let t = topology(
+            "[alerts]\nbacklog = 1\nnotify = { http = { url = \"http://127.0.0.1:9/alerts\", secret = \"whsec_c2VjcmV0\", timeout = \"3s\" } }\n",
+        )
+        .unwrap();
+        let n = t.alert_notify.expect("notify");
+        assert_eq!(n.url.as_str(), "http://127.0.0.1:9/alerts");
+        assert_eq!(n.secret.as_deref(), Some(&b"secret"[..]));
+        assert_eq!(n.timeout, Duration::from_secs(3));
+        assert!(topology("").unwrap().alert_notify.is_none());
+        for (notify, key) in [
+            (
+                r#"{ http = { url = "ftp://x/" } }"#,
+                "alerts.notify.http.url",
+            ),
+            (
+                r#"{ http = { url = "not a url" } }"#,
+                "alerts.notify.http.url",
+            ),
+            (
+                r#"{ http = { url = "http://x/", secret = "whsec_%%" } }"#,
+                "alerts.notify.http.secret",
+            ),
+            (
+                r#"{ http = { url = "http://x/", sekret = "s" } }"#,
+                "sekret",
+            ),
+        ] {
+            let err = topology(&format!("[alerts]\nnotify = {notify}\n")).unwrap_err();
+            assert!(err.contains(key), "{notify}: {err}");
+        }
     }
 
     /// Refused alert thresholds carry the runtime's typed reason (the one the

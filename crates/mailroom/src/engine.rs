@@ -4,7 +4,7 @@
 
 use crate::dispatch::{TopicRuntime, run_topic};
 use crate::handler::SharedHandler;
-use crate::maintenance::Maintenance;
+use crate::maintenance::{AlertNotify, Maintenance};
 use crate::topology::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
 use mailroom_core::{AlertRules, AlertRulesError};
 use mailroom_core::{Retention, Store};
@@ -53,6 +53,9 @@ pub enum BuildError {
         /// What is wrong.
         error: AlertRulesError,
     },
+    /// `[alerts] notify` is refused ([`AlertNotify`]: an http(s) URL).
+    #[error("alerts.notify.http.{0}")]
+    AlertNotify(String),
     /// Two topics or two sources share a name.
     #[error("{0}")]
     Duplicate(String),
@@ -78,6 +81,7 @@ pub struct EngineBuilder {
     retention: Retention,
     alerts: AlertRules,
     alert_every: Duration,
+    alert_notify: Option<AlertNotify>,
     accept_undeclared: bool,
     clock: Arc<dyn crate::clock::Clock>,
 }
@@ -140,6 +144,13 @@ impl EngineBuilder {
         self
     }
 
+    /// POST each alert's start and end, signed, to a receiver (from the
+    /// elected maintenance instance; see [`AlertNotify`]).
+    pub fn alert_notify(mut self, notify: AlertNotify) -> Self {
+        self.alert_notify = Some(notify);
+        self
+    }
+
     /// How often maintenance evaluates the alerts (default 10 s).
     pub fn alert_interval(mut self, d: Duration) -> Self {
         self.alert_every = d.max(MIN_PERIOD);
@@ -161,6 +172,9 @@ impl EngineBuilder {
             key: error.key(),
             error,
         })?;
+        if let Some(n) = &self.alert_notify {
+            n.validate().map_err(BuildError::AlertNotify)?;
+        }
         let mut topics = topic_runtimes(self.topics, &self.handlers)?;
         let sources = source_map(self.sources, &mut topics)?;
         Ok(Engine {
@@ -174,6 +188,7 @@ impl EngineBuilder {
                 retention: self.retention,
                 alerts: self.alerts,
                 alert_every: self.alert_every,
+                alert_notify: self.alert_notify,
                 accept_undeclared: self.accept_undeclared,
                 clock: self.clock,
             }),
@@ -252,6 +267,7 @@ struct Inner {
     retention: Retention,
     alerts: AlertRules,
     alert_every: Duration,
+    alert_notify: Option<AlertNotify>,
     accept_undeclared: bool,
     clock: Arc<dyn crate::clock::Clock>,
 }
@@ -276,6 +292,7 @@ impl Engine {
             retention: Retention::default(),
             alerts: AlertRules::default(),
             alert_every: Duration::from_secs(10),
+            alert_notify: None,
             accept_undeclared: false,
             clock: Arc::new(crate::clock::SystemClock),
         }
@@ -357,6 +374,7 @@ impl Engine {
             retention: self.inner.retention,
             alerts: self.inner.alerts,
             alert_every: self.inner.alert_every,
+            notify: self.inner.alert_notify.clone(),
             period: self.inner.maintenance_period,
             worker: self.inner.worker.clone(),
         };

@@ -68,5 +68,6 @@ pub use mailroom_core::{
     StoreError, Timestamp, TopicStats, TopicStream,
 };
 pub use mailroom_core::{alert, duration, event};
+pub use maintenance::AlertNotify;
 pub use open::open_store;
 pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

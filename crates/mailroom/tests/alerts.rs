@@ -1,5 +1,6 @@
 //! `[alerts]`: evaluated from the store's numbers, on demand and by
-//! maintenance, which logs each alert as it fires and as it resolves.
+//! maintenance, which logs (and, with `notify`, POSTs) each alert as it
+//! fires and as it resolves.
 
 use mailroom::handler::handler_fn;
 use mailroom::{AlertKind, AlertRules, Draft, Engine, Event, Outcome, Status, TopicSpec};
@@ -195,4 +196,161 @@ async fn alerts_fire_from_real_processing_and_resolve() {
 
     shutdown.cancel();
     run.await.expect("engine stopped");
+}
+
+/// What the alert receiver got: every request's headers and body, and
+/// whether it was answered 2xx.
+#[derive(Clone, Default)]
+struct Received(Arc<Mutex<Vec<(http::HeaderMap, bytes::Bytes, bool)>>>);
+
+impl Received {
+    fn accepted(&self) -> Vec<(http::HeaderMap, serde_json::Value)> {
+        let all = self.0.lock().expect("received");
+        all.iter()
+            .filter(|(_, _, ok)| *ok)
+            .map(|(h, b, _)| (h.clone(), serde_json::from_slice(b).expect("JSON body")))
+            .collect()
+    }
+}
+
+/// A receiver on loopback that refuses its first request with 503 and
+/// accepts the rest, verifying nothing itself (the test does).
+async fn alert_receiver() -> (reqwest::Url, Received) {
+    let received = Received::default();
+    let log = received.clone();
+    let app = axum::Router::new().route(
+        "/alerts",
+        axum::routing::post(move |headers: http::HeaderMap, body: bytes::Bytes| {
+            let log = log.clone();
+            async move {
+                let mut all = log.0.lock().expect("received");
+                let ok = !all.is_empty();
+                all.push((headers, body, ok));
+                if ok {
+                    http::StatusCode::NO_CONTENT
+                } else {
+                    http::StatusCode::SERVICE_UNAVAILABLE
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/alerts", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url.parse().expect("url"), received)
+}
+
+/// With `notify`, the elected maintenance loop POSTs one "firing" when an
+/// alert starts and one "resolved" when it ends, each signed so that a
+/// Standard Webhooks verifier accepts it; a refused delivery is retried
+/// with the same `webhook-id`, and an alert that keeps firing is not sent
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_notifications_are_signed_and_sent_once_per_transition() {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let (url, received) = alert_receiver().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = mailroom::open_store(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        true,
+    )
+    .await
+    .expect("open");
+    store.migrate().await.expect("migrate");
+    let mut notify = mailroom::AlertNotify::new(
+        url,
+        Some(mailroom::handler::http::HttpHandler::decode_secret(SECRET).expect("secret")),
+    );
+    notify.retry_base = Duration::from_millis(50);
+    let engine = Engine::builder(store.clone())
+        .topic(TopicSpec::new("pulled"))
+        .alerts(AlertRules {
+            backlog: Some(2),
+            ..AlertRules::default()
+        })
+        .alert_notify(notify)
+        .alert_interval(Duration::from_millis(50))
+        .maintenance_period(Duration::from_millis(20))
+        .build()
+        .expect("engine");
+    for i in 0..3 {
+        engine
+            .enqueue(Draft::json("pulled", &serde_json::json!({ "i": i })))
+            .await
+            .expect("enqueue");
+    }
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run(shutdown).await }
+    });
+    wait_for("the firing notification", async || {
+        received.accepted().len() == 1
+    })
+    .await;
+    // Several more evaluations while it keeps firing: nothing new is sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(received.accepted().len(), 1);
+
+    let claimed = store
+        .claim(&mailroom::ClaimRequest {
+            topic: "pulled".into(),
+            worker: "test".into(),
+            max: 3,
+            lease: Duration::from_secs(30),
+            per_key: None,
+        })
+        .await
+        .expect("claim");
+    for c in claimed {
+        store
+            .complete(c.event.id, c.token, mailroom::Completion::Done)
+            .await
+            .expect("ack");
+    }
+    wait_for("the resolved notification", async || {
+        received.accepted().len() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shutdown.cancel();
+    run.await.expect("engine stopped");
+
+    let verifier = mailroom_signatures::Verifier::new(
+        mailroom_signatures::Scheme::StandardWebhooks,
+        [SECRET],
+        mailroom_signatures::DEFAULT_TOLERANCE,
+    )
+    .expect("verifier");
+    let now = jiff::Timestamp::now().as_second();
+    let all = received.0.lock().expect("received").clone();
+    assert_eq!(all.len(), 3, "one refused, then firing and resolved");
+    for (headers, body, _) in &all {
+        verifier
+            .verify(headers, body, now)
+            .expect("signature verifies");
+    }
+    assert_eq!(
+        all[0].0["webhook-id"], all[1].0["webhook-id"],
+        "a retry keeps its id"
+    );
+    assert_ne!(all[1].0["webhook-id"], all[2].0["webhook-id"]);
+    let bodies: Vec<serde_json::Value> = received.accepted().into_iter().map(|(_, b)| b).collect();
+    assert_eq!(bodies[0]["state"], "firing");
+    assert_eq!(bodies[0]["alert"], "backlog");
+    assert_eq!(bodies[0]["topic"], "pulled");
+    assert_eq!(bodies[0]["value"], 3.0);
+    assert_eq!(bodies[0]["threshold"], 2.0);
+    assert_eq!(bodies[1]["state"], "resolved");
+    assert_eq!(bodies[1]["alert"], "backlog");
+    assert!(bodies[1]["value"].is_null());
+    for b in &bodies {
+        b["at"]
+            .as_str()
+            .expect("at")
+            .parse::<jiff::Timestamp>()
+            .expect("RFC 3339 at");
+    }
 }

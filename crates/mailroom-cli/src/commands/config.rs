@@ -119,6 +119,16 @@ fn print_alerts(topology: &Topology) {
     if !rules.is_empty() {
         outln!("  alerts  {} (per topic)", rules.join(", "));
     }
+    if let Some(n) = &topology.alert_notify {
+        let signed = if n.secret.is_some() {
+            "signed"
+        } else {
+            "unsigned"
+        };
+        let mut url = n.url.clone();
+        let _ = url.set_password(None);
+        outln!("  notify  POST {url} on each alert's start and end ({signed})");
+    }
 }
 
 /// `[amqp]` (declared at start) and the AMQP sources and handlers `serve` runs.

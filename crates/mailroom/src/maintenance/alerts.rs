@@ -1,6 +1,8 @@
 //! Alerts: the `[alerts]` rules evaluated over the store's numbers on the
-//! elected instance, each start and end logged, and the firing gauge set.
+//! elected instance, each start and end logged, notified (`notify.rs`) and
+//! the firing gauge set.
 
+use super::notify::{Message, Notifier, State};
 use crate::metrics as names;
 use mailroom_core::alert::{ALERT_WINDOW, evaluate};
 use mailroom_core::{Alert, AlertKind, AlertRules, Result, Store, TopicStats};
@@ -43,16 +45,30 @@ pub(super) struct AlertReporter {
     last: Option<Instant>,
     /// The alerts firing at the last evaluation, by topic and kind.
     firing: HashMap<(String, AlertKind), Alert>,
+    /// Where transitions are POSTed, if configured.
+    notifier: Option<Notifier>,
 }
 
 impl AlertReporter {
-    pub(super) fn new(store: Arc<dyn Store>, rules: AlertRules, every: Duration) -> Self {
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        rules: AlertRules,
+        every: Duration,
+        notifier: Option<Notifier>,
+    ) -> Self {
         Self {
             store,
             rules,
             every,
             last: None,
             firing: HashMap::new(),
+            notifier,
+        }
+    }
+
+    fn notify(&self, alert: &Alert, state: State) {
+        if let Some(n) = &self.notifier {
+            n.send(Message::new(alert, state));
         }
     }
 
@@ -74,8 +90,9 @@ impl AlertReporter {
         self.firing.clear();
     }
 
-    /// Logs the alerts that started or stopped firing since the last
-    /// evaluation, and sets `mailroom_alert_firing{topic,alert}` to 1 or 0.
+    /// Logs and notifies the alerts that started or stopped firing since
+    /// the last evaluation, and sets `mailroom_alert_firing{topic,alert}`
+    /// to 1 or 0.
     fn report(&mut self, now: Vec<Alert>) {
         let mut next = HashMap::with_capacity(now.len());
         for alert in now {
@@ -89,12 +106,13 @@ impl AlertReporter {
                     "alert firing: {}",
                     alert.message
                 );
+                self.notify(&alert, State::Firing);
             }
             metrics::gauge!(names::ALERT_FIRING, "topic" => alert.topic.clone(), "alert" => alert.kind.as_str())
                 .set(1.0);
             next.insert(key, alert);
         }
-        for ((topic, kind), old) in self.firing.drain() {
+        for ((topic, kind), old) in std::mem::take(&mut self.firing) {
             if !next.contains_key(&(topic.clone(), kind)) {
                 info!(
                     topic = %topic,
@@ -102,6 +120,7 @@ impl AlertReporter {
                     "alert resolved: {}",
                     old.message
                 );
+                self.notify(&old, State::Resolved);
                 metrics::gauge!(names::ALERT_FIRING, "topic" => topic, "alert" => kind.as_str())
                     .set(0.0);
             }

@@ -9,10 +9,12 @@
 //! one round when asked.
 
 mod alerts;
+mod notify;
 mod rescue;
 mod retention;
 
 pub(crate) use alerts::current_alerts;
+pub use notify::AlertNotify;
 
 use crate::dispatch::TopicRuntime;
 use crate::dispatch::idle::sleep;
@@ -36,6 +38,8 @@ pub(crate) struct Maintenance {
     pub alerts: AlertRules,
     /// How often the elected instance evaluates `alerts`.
     pub alert_every: Duration,
+    /// Where alert transitions are POSTed.
+    pub notify: Option<AlertNotify>,
     pub period: Duration,
     pub worker: String,
 }
@@ -51,12 +55,14 @@ impl Maintenance {
             retention,
             alerts,
             alert_every,
+            notify,
             period,
             worker,
         } = self;
+        let notifier = notify.map(|n| notify::Notifier::start(n, shutdown.clone()));
         let rescue = LeaseRescue::new(store.clone(), topics);
         let mut retention = RetentionRun::new(store.clone(), retention);
-        let mut alerts = AlertReporter::new(store.clone(), alerts, alert_every);
+        let mut alerts = AlertReporter::new(store.clone(), alerts, alert_every, notifier);
         let ttl = (period * 5).max(Duration::from_secs(5));
         loop {
             let round = async {
@@ -102,6 +108,7 @@ mod tests {
             retention: Retention::default(),
             alerts: AlertRules::default(),
             alert_every: Duration::from_secs(10),
+            notify: None,
             period: Duration::from_millis(100),
             worker: "w".into(),
         };
