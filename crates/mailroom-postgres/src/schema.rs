@@ -191,6 +191,87 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX events_listing ON mailroom.events (topic, seq)
         WHERE status IN ('done', 'dead', 'skipped');
     "#,
+    // 7: the work still to do moves to a narrow table of its own, so the
+    // database does far less per drained event (docs/perf/postgres.md,
+    // "The queue table").
+    // - `mailroom.queue` holds one row per open event: pending, running, or
+    //   dead with a key (a dead head blocks its key under `on_dead =
+    //   block`). Claims walk its `queue_claim` index; a completion deletes
+    //   the row (or sends it back to pending for a retry). `priority` and
+    //   `run_at` (the due time) are there for scheduling: claims take the
+    //   highest priority first, then arrival order, among due rows.
+    // - `mailroom.events` stays the durable record operators query (SPEC
+    //   §12): every column, `status` included, is kept current. None of its
+    //   indexes mentions a column a claim or a completion changes, and
+    //   `fillfactor` leaves room on each page, so both updates are HOT (no
+    //   index entry). Its status-keyed partial indexes go; listings by
+    //   topic read `events_topic_seq`, retention `events_received`.
+    // - The outbox function writes the queue row too.
+    r#"
+    CREATE TABLE mailroom.queue (
+        seq      bigint      PRIMARY KEY,                -- events.seq
+        topic    text        NOT NULL,
+        key      text,
+        priority integer     NOT NULL DEFAULT 0,         -- higher first
+        run_at   timestamptz NOT NULL,                   -- due time while pending
+        state    text        NOT NULL CHECK (state IN ('pending', 'running', 'dead'))
+    ) WITH (
+        autovacuum_vacuum_scale_factor = 0.01,
+        autovacuum_vacuum_threshold = 1000,
+        autovacuum_vacuum_cost_delay = 0
+    );
+    INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+    SELECT seq, topic, key, COALESCE(next_attempt_at, received_at), status
+    FROM mailroom.events
+    WHERE status IN ('pending', 'running') OR (status = 'dead' AND key IS NOT NULL);
+    -- Claims: due pending rows of a topic, highest priority, then arrival.
+    -- `-priority`, not `priority DESC`: every column ascending, so a claim
+    -- can start from a position (topic, -priority, seq) as one row
+    -- comparison (the floor, `floor.rs`).
+    CREATE INDEX queue_claim ON mailroom.queue (topic, (-priority), seq)
+        WHERE state = 'pending';
+    -- Sequential topics: the open events of a key in arrival order (heads).
+    CREATE INDEX queue_keys ON mailroom.queue (topic, key, seq) WHERE key IS NOT NULL;
+    -- "Is an event of this key running?", and lease rescue's list.
+    CREATE INDEX queue_running ON mailroom.queue (topic, key) WHERE state = 'running';
+
+    DROP INDEX mailroom.events_claim;
+    DROP INDEX mailroom.events_open_keys;
+    DROP INDEX mailroom.events_running;
+    DROP INDEX mailroom.events_running_keys;
+    DROP INDEX mailroom.events_listing;
+    DROP INDEX mailroom.events_finished;
+    CREATE INDEX events_topic_seq ON mailroom.events (topic, seq);
+    CREATE INDEX events_received ON mailroom.events (received_at);
+    -- Room for the new versions a claim and a completion write, so they
+    -- stay on their page (HOT). Applies to pages written from now on.
+    ALTER TABLE mailroom.events SET (fillfactor = 50);
+
+    CREATE OR REPLACE FUNCTION mailroom.enqueue_with_id(
+        new_id uuid, topic text, type text, key text, payload jsonb,
+        dedup_key text, max_attempts integer
+    ) RETURNS uuid
+    LANGUAGE sql VOLATILE AS $$
+        WITH inserted AS (
+            INSERT INTO mailroom.events (id, source, topic, dedup_key, key, type, status,
+                                         max_attempts, next_attempt_at, received_at,
+                                         content_type, payload)
+            VALUES ($1, 'outbox', $2, COALESCE($6, $1::text), $4, $3, 'pending',
+                    GREATEST(COALESCE($7, 15), 1), clock_timestamp(), clock_timestamp(),
+                    'application/json', convert_to(COALESCE($5, 'null'::jsonb)::text, 'UTF8'))
+            ON CONFLICT (source, dedup_key) DO NOTHING
+            RETURNING seq, topic, key, next_attempt_at
+        ), queued AS (
+            INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+            SELECT seq, topic, key, next_attempt_at, 'pending' FROM inserted
+        )
+        -- Delivered when (and only if) the caller's transaction commits.
+        SELECT pg_notify('mailroom_events', inserted.topic) FROM inserted;
+
+        SELECT e.id FROM mailroom.events e
+        WHERE e.source = 'outbox' AND e.dedup_key = COALESCE($6, $1::text);
+    $$;
+    "#,
 ];
 
 /// Applies the missing migrations in one transaction that first takes
@@ -198,6 +279,11 @@ const MIGRATIONS: &[&str] = &[
 /// the lock, then finds nothing left to do. The lock ends with the
 /// transaction, so a crash cannot leave it held.
 pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
+    migrate_to(pool, MIGRATIONS.len()).await
+}
+
+/// [`migrate`], up to migration `last` (tests fill older schemas with it).
+pub(crate) async fn migrate_to(pool: &PgPool, last: usize) -> Result<()> {
     const CTX: &str = "migrating the schema";
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -220,7 +306,7 @@ pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
             .fetch_one(&mut *tx)
             .await
             .map_err(db(CTX))?;
-    for (index, migration) in MIGRATIONS.iter().enumerate() {
+    for (index, migration) in MIGRATIONS.iter().enumerate().take(last) {
         let version = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
         if version <= current {
             continue;
@@ -238,4 +324,127 @@ pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
     }
     tx.commit().await.map_err(db(CTX))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::migrate_to;
+    use crate::{PostgresOptions, PostgresStore};
+    use mailroom_core::{ClaimRequest, EventId, OnDead, Status, Store};
+    use sqlx::PgPool;
+    use std::time::Duration;
+
+    /// Events in every status as schema 6 stored them, with their attempt
+    /// history: in topic `t` (sequential) `p1` pending head of k1, `r1`
+    /// running (lease expired) on k2 after a retry, `x1` dead head of k3
+    /// with `x2` pending behind it, `s1` skipped on k4; keyless `d1` done
+    /// and `f1` pending, retrying in an hour.
+    const SCHEMA_6_EVENTS: &str = "
+        INSERT INTO mailroom.events (id, source, topic, dedup_key, key, type, status, attempts,
+            max_attempts, next_attempt_at, received_at, lease_until, started_at, worker,
+            content_type, payload, last_error)
+        SELECT mailroom.uuid_v7(), 'test', 't', d, k, 'thing.happened', s, a, 3,
+               CASE s WHEN 'pending' THEN now() + due * interval '1 hour' END,
+               now() - (10 - n) * interval '1 minute',
+               CASE s WHEN 'running' THEN now() - interval '1 minute' END,
+               CASE WHEN a > 0 THEN now() - interval '2 minutes' END,
+               CASE WHEN a > 0 THEN 'w1' END,
+               'application/json', convert_to('{\"n\":' || n || '}', 'UTF8'),
+               CASE WHEN a > 1 OR s IN ('dead', 'skipped') THEN 'boom' END
+        FROM (VALUES (1, 'p1', 'k1', 'pending', 0, 0), (2, 'r1', 'k2', 'running', 2, 0),
+                     (3, 'd1', NULL, 'done', 1, 0), (4, 'x1', 'k3', 'dead', 2, 0),
+                     (5, 'x2', 'k3', 'pending', 0, 0), (6, 's1', 'k4', 'skipped', 1, 0),
+                     (7, 'f1', NULL, 'pending', 1, 1))
+             AS v(n, d, k, s, a, due)
+        ORDER BY n;
+        INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+        SELECT e.seq, h.attempt, now() - interval '5 minutes', now() - interval '4 minutes',
+               h.outcome, h.error, 'w1'
+        FROM mailroom.events e
+        JOIN (VALUES ('r1', 1, 'retry', 'boom'), ('d1', 1, 'done', NULL),
+                     ('x1', 1, 'retry', 'boom'), ('x1', 2, 'dead', 'boom'),
+                     ('s1', 1, 'dead', 'boom'), ('f1', 1, 'retry', 'boom'))
+             AS h(dedup_key, attempt, outcome, error) ON h.dedup_key = e.dedup_key;";
+
+    /// Every row of `table` as JSON, in key order.
+    async fn rows(pool: &PgPool, table: &str) -> Vec<serde_json::Value> {
+        let sql = format!("SELECT to_jsonb(r)::text FROM {table} r ORDER BY 1");
+        let texts: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_all(pool)
+            .await
+            .unwrap();
+        texts
+            .iter()
+            .map(|t| serde_json::from_str(t).unwrap())
+            .collect()
+    }
+
+    async fn id_of(pool: &PgPool, dedup_key: &str) -> EventId {
+        let id: String =
+            sqlx::query_scalar("SELECT id::text FROM mailroom.events WHERE dedup_key = $1")
+                .bind(dedup_key)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        EventId::parse_stored(&id).unwrap()
+    }
+
+    /// A database filled by the schema before the queue table (events in
+    /// every status, history, dedup keys) is migrated: every event and
+    /// attempt is intact, duplicates of keys stored before are still
+    /// answered with the stored id, and the open events are claimed,
+    /// rescued and blocked as before.
+    #[tokio::test]
+    async fn the_queue_migration_carries_events_history_and_dedup_keys_forward() {
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let pool = PgPool::connect(&url).await.unwrap();
+        migrate_to(&pool, 6).await.unwrap();
+        sqlx::raw_sql(SCHEMA_6_EVENTS).execute(&pool).await.unwrap();
+        let (events, attempts) = (
+            rows(&pool, "mailroom.events").await,
+            rows(&pool, "mailroom.attempts").await,
+        );
+        assert_eq!((events.len(), attempts.len()), (7, 6));
+
+        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(rows(&pool, "mailroom.events").await, events);
+        assert_eq!(rows(&pool, "mailroom.attempts").await, attempts);
+        let x1 = store.get(id_of(&pool, "x1").await).await.unwrap().unwrap();
+        assert_eq!(
+            (x1.status, x1.attempts, x1.history.len()),
+            (Status::Dead, 2, 2)
+        );
+
+        for dedup in ["p1", "r1", "d1", "x1", "s1"] {
+            let again = mailroom_conformance::event("t", dedup, None);
+            let answer = store.insert(again).await.unwrap();
+            assert!(answer.duplicate, "{dedup} was stored again");
+            assert_eq!(answer.id, id_of(&pool, dedup).await);
+        }
+
+        let req = ClaimRequest {
+            topic: "t".into(),
+            worker: "w2".into(),
+            max: 10,
+            lease: Duration::from_secs(30),
+            per_key: Some(OnDead::Block),
+        };
+        let claimed = |c: Vec<mailroom_core::Claimed>| -> Vec<String> {
+            c.into_iter().map(|c| c.event.dedup_key).collect()
+        };
+        // k2 runs, k3's dead head blocks x2, f1 is not due.
+        assert_eq!(claimed(store.claim(&req).await.unwrap()), ["p1"]);
+        assert_eq!(store.rescue_expired().await.unwrap(), 1);
+        let r1 = store.claim(&req).await.unwrap();
+        assert_eq!(r1[0].token.0, 3, "r1's attempts keep counting");
+        assert_eq!(claimed(r1), ["r1"]);
+        store.skip(id_of(&pool, "x1").await).await.unwrap();
+        assert_eq!(claimed(store.claim(&req).await.unwrap()), ["x2"]);
+        assert!(store.claim(&req).await.unwrap().is_empty());
+    }
 }

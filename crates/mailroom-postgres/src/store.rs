@@ -132,7 +132,7 @@ impl PostgresStore {
         &self,
         req: &ClaimRequest,
         on_dead: OnDead,
-    ) -> Result<Vec<(i64, Claimed)>> {
+    ) -> Result<Vec<(sql::Position, Claimed)>> {
         let sparse = || {
             self.inner
                 .sparse
@@ -169,21 +169,21 @@ impl PostgresStore {
 
     /// A claim of independent events, from the topic's floor when it has
     /// one, then from its start for the rest if that came back short.
-    async fn claim_independent(&self, req: &ClaimRequest) -> Result<Vec<(i64, Claimed)>> {
+    async fn claim_independent(&self, req: &ClaimRequest) -> Result<Vec<(sql::Position, Claimed)>> {
         let floors = &self.inner.floors;
         let max = usize::try_from(req.max).unwrap_or(usize::MAX);
         let from = floors.start(&req.topic, Instant::now());
         let mut claimed = sql::claim_from(self.pool_ref(), req, from).await?;
         let short = claimed.len() < max;
-        if from > 0 && short {
+        if from.is_some() && short {
             let rest = ClaimRequest {
                 max: req.max - u32::try_from(claimed.len()).unwrap_or(req.max),
                 ..req.clone()
             };
-            match sql::claim_from(self.pool_ref(), &rest, 0).await {
+            match sql::claim_from(self.pool_ref(), &rest, None).await {
                 Ok(older) => {
                     claimed.extend(older);
-                    claimed.sort_unstable_by_key(|(seq, _)| *seq);
+                    claimed.sort_unstable_by_key(|&((p, seq), _)| sql::claim_order(p, seq));
                 }
                 // What the first walk took is committed and leased: hand it
                 // out rather than leave it to lease rescue.
@@ -195,9 +195,9 @@ impl PostgresStore {
         }
         floors.record(
             &req.topic,
-            from == 0 || short,
+            from.is_none() || short,
             max,
-            claimed.iter().map(|(seq, _)| *seq),
+            claimed.iter().map(|(at, _)| *at),
             Instant::now(),
         );
         Ok(claimed)

@@ -497,15 +497,19 @@ async fn a_claim_in_flight_on_another_connection_holds_its_key() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    sqlx::query(
+    for change in [
+        "UPDATE mailroom.queue SET state = 'running'
+         WHERE seq = (SELECT seq FROM mailroom.events WHERE id = $1::text::uuid)",
         "UPDATE mailroom.events SET status = 'running', attempts = attempts + 1,
              lease_until = now() + interval '30 seconds', next_attempt_at = NULL
          WHERE id = $1::text::uuid",
-    )
-    .bind(a2.to_string())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    ] {
+        sqlx::query(change)
+            .bind(a2.to_string())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
 
     store.replay(a1, 1).await.unwrap();
     assert!(
@@ -628,7 +632,9 @@ async fn sequential_claims_reach_heads_past_a_deep_key() {
          UPDATE mailroom.events SET next_attempt_at = now() + interval '1 hour'
          WHERE dedup_key = 'c1';
          UPDATE mailroom.events SET next_attempt_at = now() - interval '1 hour'
-         WHERE key = 'a' AND seq > (SELECT min(seq) FROM mailroom.events WHERE key = 'a');",
+         WHERE key = 'a' AND seq > (SELECT min(seq) FROM mailroom.events WHERE key = 'a');
+         UPDATE mailroom.queue q SET state = e.status, run_at = COALESCE(e.next_attempt_at, q.run_at)
+         FROM mailroom.events e WHERE e.seq = q.seq;",
     )
     .execute(&mut conn)
     .await

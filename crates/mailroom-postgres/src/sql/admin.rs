@@ -4,7 +4,7 @@
 use super::db;
 use super::rows::{event_by_id, get};
 use mailroom_core::{Event, EventId, ListFilter, ReplayReport, Result, Status, StoreError};
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 /// Why a replay or skip of `id` changed nothing: `NotFound`, or what `why`
 /// makes of the event as it is now.
@@ -16,21 +16,56 @@ async fn refused(pool: &PgPool, id: EventId, why: impl FnOnce(&Event) -> StoreEr
     }
 }
 
+/// Locks the queue row of event `id`, if it has one, before its `events`
+/// row: claims lock in that order, so a replay or skip racing a claim waits
+/// for it instead of deadlocking with it.
+async fn lock_queue_row(tx: &mut Transaction<'_, Postgres>, id: EventId) -> Result<()> {
+    sqlx::query(
+        "SELECT q.seq FROM mailroom.queue q
+         WHERE q.seq = (SELECT e.seq FROM mailroom.events e WHERE e.id = $1::text::uuid)
+         FOR UPDATE OF q",
+    )
+    .bind(id.to_string())
+    .execute(&mut **tx)
+    .await
+    .map_err(db("locking an event"))?;
+    Ok(())
+}
+
+/// Puts the events `$replayed` returns (`seq`, `topic`, `key`) back in the
+/// queue, pending and due now; a dead keyed event's row is already there.
+macro_rules! requeue {
+    ($replayed:literal) => {
+        concat!(
+            "WITH replayed AS (",
+            $replayed,
+            ") INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+             SELECT seq, topic, key, now(), 'pending' FROM replayed
+             ON CONFLICT (seq) DO UPDATE SET state = 'pending', run_at = EXCLUDED.run_at"
+        )
+    };
+}
+
 /// Sends a non-running event back to `pending` with `budget` more attempts,
 /// unless retention purged its payload (`payload IS NULL`).
 pub(crate) async fn replay(pool: &PgPool, id: EventId, budget: u32) -> Result<Event> {
-    let changed = sqlx::query(
+    const CTX: &str = "replaying an event";
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    lock_queue_row(&mut tx, id).await?;
+    let changed = sqlx::query(requeue!(
         "UPDATE mailroom.events
          SET status = 'pending', max_attempts = LEAST(attempts + $2, 4294967295),
              next_attempt_at = now(), lease_until = NULL
-         WHERE id = $1::text::uuid AND status <> 'running' AND payload IS NOT NULL",
-    )
+         WHERE id = $1::text::uuid AND status <> 'running' AND payload IS NOT NULL
+         RETURNING seq, topic, key"
+    ))
     .bind(id.to_string())
     .bind(i64::from(budget))
-    .execute(pool)
+    .execute(&mut *tx)
     .await
-    .map_err(db("replaying an event"))?
+    .map_err(db(CTX))?
     .rows_affected();
+    tx.commit().await.map_err(db(CTX))?;
     if changed == 0 {
         // Read after the UPDATE: the attempt that refused it may have ended
         // since, so only a missing payload says "purged".
@@ -45,56 +80,93 @@ pub(crate) async fn replay(pool: &PgPool, id: EventId, budget: u32) -> Result<Ev
     get(pool, id).await?.ok_or(StoreError::NotFound)
 }
 
+/// The non-running events matching `$1` topic, `$2` status, `$3` key.
+macro_rules! matching {
+    () => {
+        "SELECT seq, payload IS NULL AS purged FROM mailroom.events
+         WHERE status <> 'running'
+           AND ($1::text IS NULL OR topic = $1)
+           AND ($2::text IS NULL OR status = $2)
+           AND ($3::text IS NULL OR key = $3)"
+    };
+}
+
 /// [`replay`] for every non-running event matching `filter` whose payload
-/// is still stored; counts the purged ones it leaves. One statement, so
-/// both numbers come from one snapshot.
+/// is still stored; counts the purged ones it leaves. The replay is one
+/// statement, so both numbers come from one snapshot; the queue rows of
+/// the matching events are locked first, as [`replay`] does.
 pub(crate) async fn replay_matching(
     pool: &PgPool,
     filter: &ListFilter,
     budget: u32,
 ) -> Result<ReplayReport> {
-    let (replayed, skipped): (i64, i64) = sqlx::query_as(
-        "WITH matching AS (
-             SELECT seq, payload IS NULL AS purged FROM mailroom.events
-             WHERE status <> 'running'
-               AND ($1::text IS NULL OR topic = $1)
-               AND ($2::text IS NULL OR status = $2)
-               AND ($3::text IS NULL OR key = $3)
-         ), replayed AS (
+    const CTX: &str = "replaying events";
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    sqlx::query(concat!(
+        "SELECT q.seq FROM mailroom.queue q
+         WHERE q.seq = ANY(ARRAY(SELECT seq FROM (",
+        matching!(),
+        ") m)) FOR UPDATE OF q"
+    ))
+    .bind(filter.topic.as_deref())
+    .bind(filter.status.map(Status::as_str))
+    .bind(filter.key.as_deref())
+    .execute(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    let (replayed, skipped): (i64, i64) = sqlx::query_as(concat!(
+        "WITH matching AS (",
+        matching!(),
+        "), replayed AS (
              UPDATE mailroom.events e
              SET status = 'pending', max_attempts = LEAST(e.attempts + $4, 4294967295),
                  next_attempt_at = now(), lease_until = NULL
              FROM matching m
              WHERE e.seq = m.seq AND NOT m.purged AND e.status <> 'running'
-             RETURNING 1
+             RETURNING e.seq, e.topic, e.key
+         ), queued AS (
+             INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+             SELECT seq, topic, key, now(), 'pending' FROM replayed
+             ON CONFLICT (seq) DO UPDATE SET state = 'pending', run_at = EXCLUDED.run_at
          )
          SELECT (SELECT count(*) FROM replayed),
-                (SELECT count(*) FROM matching WHERE purged)",
-    )
+                (SELECT count(*) FROM matching WHERE purged)"
+    ))
     .bind(filter.topic.as_deref())
     .bind(filter.status.map(Status::as_str))
     .bind(filter.key.as_deref())
     .bind(i64::from(budget))
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await
-    .map_err(db("replaying events"))?;
+    .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
     Ok(ReplayReport {
         replayed: replayed.unsigned_abs(),
         skipped_purged: skipped.unsigned_abs(),
     })
 }
 
-/// Marks a dead event `skipped`.
+/// Marks a dead event `skipped`; its queue row (if it has a key) goes, so
+/// its key unblocks.
 pub(crate) async fn skip(pool: &PgPool, id: EventId) -> Result<Event> {
-    let changed = sqlx::query(
-        "UPDATE mailroom.events SET status = 'skipped'
-         WHERE id = $1::text::uuid AND status = 'dead'",
+    const CTX: &str = "skipping an event";
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    lock_queue_row(&mut tx, id).await?;
+    let changed: i64 = sqlx::query_scalar(
+        "WITH skipped AS (
+             UPDATE mailroom.events SET status = 'skipped'
+             WHERE id = $1::text::uuid AND status = 'dead'
+             RETURNING seq
+         ), dequeued AS (
+             DELETE FROM mailroom.queue q USING skipped s WHERE q.seq = s.seq
+         )
+         SELECT count(*) FROM skipped",
     )
     .bind(id.to_string())
-    .execute(pool)
+    .fetch_one(&mut *tx)
     .await
-    .map_err(db("skipping an event"))?
-    .rows_affected();
+    .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
     if changed == 0 {
         return Err(refused(pool, id, |e| {
             StoreError::Conflict(format!(

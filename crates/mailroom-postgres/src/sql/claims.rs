@@ -2,7 +2,7 @@
 //! independent topics (one statement) and sequential ones (heads of keys,
 //! under per-key advisory locks), and the next time a claim could succeed.
 
-use super::{db, events_from_rows, micros, opt_ts};
+use super::{EVENT_COLS, col, db, event_from_row, micros, opt_ts};
 use jiff::Timestamp;
 use mailroom_core::{ClaimRequest, Claimed, FencingToken, OnDead, Result, StoreError};
 use sqlx::postgres::PgRow;
@@ -12,20 +12,22 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// locks, so they never meet the migration lock or an application's locks.
 pub(super) const KEY_LOCK_CLASS: i32 = 0x6d72_6b79; // "mrky"
 
-/// The head rule of sequential topics, for a candidate event `e`: no earlier
-/// open event of its key blocks it, and no event of its key is running.
-/// Both subqueries are served by the `events_open_keys` partial index.
+/// The head rule of sequential topics, for a candidate queue row `e`: no
+/// earlier open event of its key blocks it, and no event of its key is
+/// running. Every queue row is open (pending, running, or dead with a
+/// key), so the first subquery is one probe of `queue_keys` and the
+/// second one of `queue_running`.
 macro_rules! head_of_key {
     ($blocking:literal) => {
         concat!(
             "(e.key IS NULL OR (
-                NOT EXISTS (SELECT 1 FROM mailroom.events p
-                    WHERE p.topic = e.topic AND p.key = e.key
-                      AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq ",
+                NOT EXISTS (SELECT 1 FROM mailroom.queue p
+                    WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
+                      AND p.seq < e.seq ",
             $blocking,
             ")
-                AND NOT EXISTS (SELECT 1 FROM mailroom.events r
-                    WHERE r.topic = e.topic AND r.key = e.key AND r.status = 'running')))"
+                AND NOT EXISTS (SELECT 1 FROM mailroom.queue r
+                    WHERE r.topic = e.topic AND r.key = e.key AND r.state = 'running')))"
         )
     };
 }
@@ -37,77 +39,105 @@ macro_rules! head_block {
 }
 macro_rules! head_skip {
     () => {
-        head_of_key!("AND p.status <> 'dead'")
+        head_of_key!("AND p.state <> 'dead'")
     };
 }
 
-/// Moves the events whose `seq` the selection yields to `running`.
-/// `$1` lease (µs), `$2` worker; the selection's own parameters follow.
+/// Moves the queue rows whose `seq` the selection yields to `running`,
+/// and their events with them (status, attempt count — the new fencing
+/// token —, lease, worker): the event's update is HOT (`schema.rs`,
+/// migration 7). `$1` lease (µs), `$2` worker; the selection's own
+/// parameters follow. Returns the events' columns and each row's priority.
 ///
 /// `= ANY(ARRAY(selection))`, not `IN (selection)`, so the selection runs
-/// once and the rows are fetched through the primary key, in generic plans
-/// too (`docs/perf/postgres.md`).
+/// once and the rows are fetched through the primary keys, in generic
+/// plans too (`docs/perf/postgres.md`).
 macro_rules! claim_update {
     ($selection:expr) => {
         concat!(
-            "UPDATE mailroom.events e
-             SET status = 'running', attempts = e.attempts + 1,
-                 lease_until = now() + $1 * interval '1 microsecond',
-                 started_at = now(), worker = $2, next_attempt_at = NULL
-             WHERE e.seq = ANY(ARRAY(",
+            "WITH picked AS (
+                 UPDATE mailroom.queue q SET state = 'running'
+                 WHERE q.seq = ANY(ARRAY(",
             $selection,
-            ")) RETURNING ",
-            event_cols!()
+            ")) RETURNING q.seq, q.priority
+             ), claimed AS (
+                 UPDATE mailroom.events e
+                 SET status = 'running', attempts = e.attempts + 1,
+                     lease_until = now() + $1 * interval '1 microsecond',
+                     started_at = now(), worker = $2, next_attempt_at = NULL
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))
+                 RETURNING e.*
+             )
+             SELECT ",
+            event_cols!(),
+            ", p.priority FROM claimed e JOIN picked p ON p.seq = e.seq"
         )
     };
 }
 
-/// Independent events: one statement. `FOR UPDATE SKIP LOCKED` makes
+/// The due pending rows of topic `$3`, at most `$4`, highest priority
+/// first, then in arrival order. `FOR UPDATE SKIP LOCKED` makes
 /// concurrent claimers (any number of instances) pass over each other's
 /// rows instead of waiting or taking the same event.
 ///
 /// The topic is spelled `= ANY(ARRAY[$3])` and the rows ordered by
-/// `(topic, seq)` so that only `events_claim` yields that order, whatever
-/// the statistics say, and no claim walks the finished rows
-/// (`docs/perf/postgres.md`). Sequential claims do the same.
-///
-/// `$5` is where the walk starts (`seq >= $5`): `0` for the whole topic, or
-/// a floor past the rows earlier claims already took (see `floor.rs`).
-pub(super) const CLAIM_ANY: &str = claim_update!(
-    "SELECT c.seq FROM mailroom.events c
-     WHERE c.topic = ANY(ARRAY[$3::text]) AND c.seq >= $5
-       AND c.status = 'pending' AND c.next_attempt_at <= now()
-     ORDER BY c.topic, c.seq LIMIT $4 FOR UPDATE SKIP LOCKED"
-);
+/// `(topic, -priority, seq)` so that only `queue_claim` yields that order,
+/// whatever the statistics say (`docs/perf/postgres.md`). `$rest` narrows
+/// the walk.
+macro_rules! claim_selection {
+    ($rest:literal, $order:literal) => {
+        concat!(
+            "SELECT c.seq FROM mailroom.queue c
+             WHERE c.topic = ANY(ARRAY[$3::text]) AND c.state = 'pending'
+               AND c.run_at <= now() ",
+            $rest,
+            " ORDER BY ",
+            $order,
+            " LIMIT $4 FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
+
+/// Independent events, the whole topic: one statement.
+pub(super) const CLAIM_ANY: &str =
+    claim_update!(claim_selection!("", "c.topic, -c.priority, c.seq"));
+
+/// Independent events from a floor (`floor.rs`): from position (priority
+/// `$6`, `seq` `$5`) on in claim order, past the rows earlier claims took.
+/// One row comparison over `queue_claim`'s columns, which starts the index
+/// walk there; a condition on `seq` alone let the planner walk the primary
+/// key from the floor instead and sort all it found.
+pub(super) const CLAIM_FROM: &str = claim_update!(claim_selection!(
+    "AND (c.topic, -c.priority, c.seq) >= ($3, -$6, $5)",
+    "c.topic, -c.priority, c.seq"
+));
 
 /// Sequential topics, step 1: the candidate heads (on this statement's
 /// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
 /// `$3` lock class, `$4` window.
 ///
-/// The walk goes over the topic's pending events in arrival order, testing
-/// the head rule on each, and ends when it has `$2` heads or, at the
-/// latest, at the `$4`-th pending event (`bound`): with a few keys and
-/// deep backlogs almost every pending event waits behind its key's head,
-/// and an unbounded walk would test them all on every claim. Returns
-/// whether the bound cut the walk short (more pending events lie past it:
-/// [`HEADS_BY_KEY`] then looks for the heads of the keys the walk did not
-/// reach) and the `seq` of keyless candidates and of candidates whose key
-/// lock we now hold.
+/// The walk reads the topic's first `$4` pending rows in claim order
+/// (`walk`): with a few keys and deep backlogs almost every pending event
+/// waits behind its key's head, and an unbounded walk would test them all
+/// on every claim. Among them, the due heads are locked in arrival order,
+/// at most `$2`. Returns whether the bound cut the walk short (more
+/// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
+/// of the keys the walk did not reach) and the `seq` of keyless candidates
+/// and of candidates whose key lock we now hold.
 macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
-            "WITH bound AS MATERIALIZED (
-                 SELECT b.seq FROM mailroom.events b
-                 WHERE b.topic = ANY(ARRAY[$1::text]) AND b.status = 'pending'
-                 ORDER BY b.topic, b.seq OFFSET $4 - 1 LIMIT 1
+            "WITH walk AS MATERIALIZED (
+                 SELECT w.seq, w.run_at FROM mailroom.queue w
+                 WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
+                 ORDER BY w.topic, -w.priority, w.seq LIMIT $4
              ), candidates AS MATERIALIZED (
-                 SELECT e.seq, e.key FROM mailroom.events e
-                 WHERE e.topic = ANY(ARRAY[$1::text]) AND e.status = 'pending'
-                   AND e.next_attempt_at <= now()
-                   AND e.seq <= COALESCE((SELECT seq FROM bound), 9223372036854775807) AND ",
+                 SELECT e.seq, e.key FROM mailroom.queue e
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM walk WHERE run_at <= now()))
+                   AND e.state = 'pending' AND ",
             $head,
-            " ORDER BY e.topic, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
-             SELECT EXISTS (SELECT 1 FROM bound),
+            " ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+             SELECT (SELECT count(*) FROM walk) >= $4,
                     ARRAY(SELECT c.seq FROM candidates c
                           WHERE c.key IS NULL
                              OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
@@ -117,47 +147,45 @@ macro_rules! claim_candidates {
 }
 
 /// The keys of a sequential topic that have open events, in key order, one
-/// index probe each (a "skip scan" of `events_open_keys`), and each key's
-/// head: its first open event (pending, running or dead; `$dead` drops dead
-/// ones for `OnDead::Skip`), kept if it is pending and nothing of its key
-/// runs. Columns `seq`, `key`, `next_attempt_at`. `$1` topic; `$keys` the
-/// most keys visited, so a topic with very many keys costs a bounded walk
-/// (keys past it are reached once earlier ones have no open events).
+/// index probe each (a "skip scan" of `queue_keys`), and each key's head:
+/// its first open event (pending, running or dead; `$dead` drops dead ones
+/// for `OnDead::Skip`), kept if it is pending and nothing of its key runs.
+/// Columns `seq`, `key`, `run_at`. `$1` topic; `$keys` the most keys
+/// visited, so a topic with very many keys costs a bounded walk (keys past
+/// it are reached once earlier ones have no open events).
 ///
 /// Spelled (`= ANY` for the topic, a range `>= key AND <= key` for the
-/// key) so that only `events_open_keys (topic, key, seq)` yields the orders
+/// key) so that only `queue_keys (topic, key, seq)` yields the orders
 /// asked for, whatever the statistics say (`docs/perf/postgres.md`).
 macro_rules! heads_by_key {
     ($dead:literal, $keys:literal) => {
         concat!(
             "WITH RECURSIVE keys (key, n) AS (
-                 (SELECT k.key, 1 FROM mailroom.events k
+                 (SELECT k.key, 1 FROM mailroom.queue k
                   WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key IS NOT NULL
-                    AND k.status IN ('pending', 'running', 'dead')
                   ORDER BY k.topic, k.key LIMIT 1)
                  UNION ALL
                  SELECT next.key, keys.n + 1
                  FROM keys CROSS JOIN LATERAL (
-                     SELECT k.key FROM mailroom.events k
+                     SELECT k.key FROM mailroom.queue k
                      WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key > keys.key
-                       AND k.key IS NOT NULL AND k.status IN ('pending', 'running', 'dead')
+                       AND k.key IS NOT NULL
                      ORDER BY k.topic, k.key LIMIT 1) next
                  WHERE keys.n < ",
             $keys,
             "
              ), heads AS (
-                 SELECT h.seq, h.key, h.next_attempt_at
+                 SELECT h.seq, h.key, h.run_at
                  FROM keys CROSS JOIN LATERAL (
-                     SELECT f.seq, f.key, f.status, f.next_attempt_at FROM mailroom.events f
-                     WHERE f.topic = ANY(ARRAY[$1::text])
-                       AND f.key >= keys.key AND f.key <= keys.key
-                       AND f.status IN ('pending', 'running', 'dead') ",
+                     SELECT f.seq, f.key, f.state, f.run_at FROM mailroom.queue f
+                     WHERE f.topic = ANY(ARRAY[$1::text]) AND f.key IS NOT NULL
+                       AND f.key >= keys.key AND f.key <= keys.key ",
             $dead,
             "
                      ORDER BY f.topic, f.key, f.seq LIMIT 1) h
-                 WHERE h.status = 'pending'
-                   AND NOT EXISTS (SELECT 1 FROM mailroom.events r
-                       WHERE r.topic = $1 AND r.key = keys.key AND r.status = 'running')
+                 WHERE h.state = 'pending'
+                   AND NOT EXISTS (SELECT 1 FROM mailroom.queue r
+                       WHERE r.topic = $1 AND r.key = keys.key AND r.state = 'running')
              )"
         )
     };
@@ -172,9 +200,9 @@ macro_rules! claim_heads_by_key {
         concat!(
             heads_by_key!($dead, "10000"),
             ", candidates AS MATERIALIZED (
-                 SELECT e.seq, e.key FROM mailroom.events e
-                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM heads WHERE next_attempt_at <= now()))
-                   AND NOT (e.seq = ANY($3)) AND e.status = 'pending'
+                 SELECT e.seq, e.key FROM mailroom.queue e
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM heads WHERE run_at <= now()))
+                   AND NOT (e.seq = ANY($3)) AND e.state = 'pending'
                  ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
              SELECT c.seq FROM candidates c
              WHERE pg_try_advisory_xact_lock($4, hashtext($1 || chr(31) || c.key))
@@ -183,7 +211,7 @@ macro_rules! claim_heads_by_key {
     };
 }
 pub(super) const HEADS_BY_KEY: &str = claim_heads_by_key!("");
-pub(super) const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.status <> 'dead'");
+pub(super) const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.state <> 'dead'");
 
 /// Sequential topics, step 1 past the walk's bound: due keyless events
 /// (independent; only the outbox can store them in a sequential topic),
@@ -192,11 +220,11 @@ pub(super) const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.statu
 /// [`RESCAN`](crate::floor::RESCAN) while the topic's heads are sparse:
 /// without it, a keyless event behind a blocked key's deep backlog would
 /// never come within the walk's bound.
-const KEYLESS: &str = "
-    SELECT e.seq FROM mailroom.events e
-    WHERE e.topic = ANY(ARRAY[$1::text]) AND e.status = 'pending'
-      AND e.next_attempt_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3))
-    ORDER BY e.topic, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED";
+pub(super) const KEYLESS: &str = "
+    SELECT e.seq FROM mailroom.queue e
+    WHERE e.topic = ANY(ARRAY[$1::text]) AND e.state = 'pending'
+      AND e.run_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3))
+    ORDER BY e.topic, -e.priority, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED";
 
 /// Pending events a sequential claim's walk tests at most (its bound).
 pub(crate) const SEQUENTIAL_WINDOW: i64 = 1024;
@@ -217,30 +245,37 @@ pub(crate) const SPARSE_WINDOW: i64 = 64;
 macro_rules! claim_locked {
     ($head:expr) => {
         claim_update!(concat!(
-            "SELECT e.seq FROM mailroom.events e WHERE e.seq = ANY($3) AND ",
+            "SELECT e.seq FROM mailroom.queue e WHERE e.seq = ANY($3) AND ",
             $head,
             " FOR UPDATE OF e SKIP LOCKED"
         ))
     };
 }
 
-/// Claims independent events (no `per_key`), walking the topic's pending
-/// events from `seq >= from`. Returns each claimed event with its `seq`,
-/// oldest first.
+/// Where a claim stands in a topic's claim order: (priority, seq).
+pub(crate) type Position = (i32, i64);
+
+/// Claims independent events (no `per_key`): the whole topic, or from
+/// `from` on (a floor, `floor.rs`). Returns each claimed event with its
+/// position, in claim order.
 pub(crate) async fn claim_from(
     pool: &PgPool,
     req: &ClaimRequest,
-    from: i64,
-) -> Result<Vec<(i64, Claimed)>> {
-    let rows = sqlx::query(CLAIM_ANY)
-        .bind(micros(req.lease))
-        .bind(&req.worker)
-        .bind(&req.topic)
-        .bind(i64::from(req.max))
-        .bind(from)
-        .fetch_all(pool)
-        .await
-        .map_err(db("claiming events"))?;
+    from: Option<Position>,
+) -> Result<Vec<(Position, Claimed)>> {
+    let query = match from {
+        None => sqlx::query(CLAIM_ANY),
+        Some(_) => sqlx::query(CLAIM_FROM),
+    }
+    .bind(micros(req.lease))
+    .bind(&req.worker)
+    .bind(&req.topic)
+    .bind(i64::from(req.max));
+    let query = match from {
+        None => query,
+        Some((priority, seq)) => query.bind(seq).bind(priority),
+    };
+    let rows = query.fetch_all(pool).await.map_err(db("claiming events"))?;
     claimed_from_rows(&rows)
 }
 
@@ -278,7 +313,7 @@ pub(crate) async fn claim_heads(
     on_dead: OnDead,
     window: i64,
     keyless: bool,
-) -> Result<(Vec<(i64, Claimed)>, bool)> {
+) -> Result<(Vec<(Position, Claimed)>, bool)> {
     const CTX: &str = "claiming events";
     let (pick, by_key, take) = match on_dead {
         OnDead::Block => (
@@ -367,11 +402,23 @@ async fn more_candidates(
     Ok(())
 }
 
-/// Claimed rows (`claim_update!`'s RETURNING), oldest arrival first.
-fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Claimed)>> {
-    let mut claimed = events_from_rows(rows)?;
+/// The sort key of claim order: highest priority first, then arrival.
+pub(crate) fn claim_order(priority: i32, seq: i64) -> (std::cmp::Reverse<i32>, i64) {
+    (std::cmp::Reverse(priority), seq)
+}
+
+/// Claimed rows (`claim_update!`'s), in claim order.
+fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(Position, Claimed)>> {
+    let mut claimed = rows
+        .iter()
+        .map(|row| {
+            let (seq, event) = event_from_row(row)?;
+            let priority: i32 = col(row, EVENT_COLS)?;
+            Ok(((priority, seq), event))
+        })
+        .collect::<Result<Vec<_>>>()?;
     // RETURNING comes in no particular order.
-    claimed.sort_unstable_by_key(|(seq, _)| *seq);
+    claimed.sort_unstable_by_key(|&((priority, seq), _)| claim_order(priority, seq));
     claimed
         .into_iter()
         .map(|(seq, event)| {
@@ -388,10 +435,10 @@ fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Claimed)>> {
         .collect()
 }
 
-const NEXT_DUE: &str = concat!(
+pub(super) const NEXT_DUE: &str = concat!(
     "SELECT ",
-    us!("MIN(e.next_attempt_at)"),
-    " FROM mailroom.events e WHERE e.topic = $1 AND e.status = 'pending'"
+    us!("MIN(e.run_at)"),
+    " FROM mailroom.queue e WHERE e.topic = $1 AND e.state = 'pending'"
 );
 
 /// Sequential topics: the earliest due time among the keys' heads
@@ -407,12 +454,12 @@ macro_rules! next_due_by_key {
             " SELECT ",
             us!("MIN(t.due)"),
             " FROM (
-                 SELECT heads.next_attempt_at AS due FROM heads
+                 SELECT heads.run_at AS due FROM heads
                  UNION ALL
-                 SELECT w.next_attempt_at FROM (
-                     SELECT c.key, c.next_attempt_at FROM mailroom.events c
-                     WHERE c.topic = ANY(ARRAY[$1::text]) AND c.status = 'pending'
-                     ORDER BY c.topic, c.seq LIMIT $2) w
+                 SELECT w.run_at FROM (
+                     SELECT c.key, c.run_at FROM mailroom.queue c
+                     WHERE c.topic = ANY(ARRAY[$1::text]) AND c.state = 'pending'
+                     ORDER BY c.topic, -c.priority, c.seq LIMIT $2) w
                  WHERE w.key IS NULL) t"
         )
     };
@@ -428,7 +475,7 @@ pub(crate) async fn next_due(
     let sql = match req.per_key {
         None => NEXT_DUE,
         Some(OnDead::Block) => next_due_by_key!(""),
-        Some(OnDead::Skip) => next_due_by_key!("AND f.status <> 'dead'"),
+        Some(OnDead::Skip) => next_due_by_key!("AND f.state <> 'dead'"),
     };
     let mut query = sqlx::query_scalar(sql).bind(&req.topic);
     if req.per_key.is_some() {

@@ -37,45 +37,18 @@ fn completion_parts(c: &Completion) -> (Status, Option<i64>, Option<&str>, &'sta
     }
 }
 
-/// One statement: the fenced update and its history row, atomically.
-const COMPLETE: &str = "
-    WITH ended AS (
-        UPDATE mailroom.events
-        SET status = $1,
-            next_attempt_at = now() + $2 * interval '1 microsecond',
-            lease_until = NULL,
-            last_error = COALESCE($3, last_error)
-        WHERE id = $4::text::uuid AND status = 'running' AND attempts = $5
-        RETURNING seq, started_at, worker
-    ), recorded AS (
-        INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
-        SELECT seq, $5, COALESCE(started_at, now()), now(), $6, $3, worker FROM ended
-        ON CONFLICT DO NOTHING
-    )
-    SELECT count(*) FROM ended";
-
-/// Records the end of one attempt, if `token` is still current.
+/// Records the end of one attempt, if `token` is still current: a group
+/// of one ([`complete_many`]).
 pub(crate) async fn complete(
     pool: &PgPool,
     id: EventId,
     token: FencingToken,
     completion: &Completion,
 ) -> Result<()> {
-    let (status, delay, error, outcome) = completion_parts(completion);
-    let ended: i64 = sqlx::query_scalar(COMPLETE)
-        .bind(status.as_str())
-        .bind(delay)
-        .bind(error)
-        .bind(id.to_string())
-        .bind(i64::from(token.0))
-        .bind(outcome)
-        .fetch_one(pool)
-        .await
-        .map_err(db("completing an attempt"))?;
-    if ended == 0 {
-        return Err(stale_or_missing(pool, id).await);
-    }
-    Ok(())
+    complete_many(pool, &[(id, token, completion)])
+        .await?
+        .pop()
+        .unwrap_or(Err(StoreError::NotFound))
 }
 
 /// Pushes a running event's lease to now + `lease`, if `token` is current.
@@ -103,7 +76,14 @@ pub(crate) async fn extend(
     }
 }
 
-/// Input rows in queue order; `ord` tells which ones ended.
+/// Input rows in queue order; `ord` tells which ones ended. Per attempt:
+/// the fenced update of the event (HOT: no index mentions a column it
+/// changes), its queue row deleted (done, or dead without a key) or sent
+/// back (a retry, due at its new time; a dead keyed event stays as the
+/// `dead` row that blocks its key), and its history row.
+///
+/// The events are found by id (`events_id_key`) and their queue rows by
+/// `seq` (`queue_pkey`): neither walks finished events.
 pub(super) const COMPLETE_MANY: &str = "
     WITH input AS (
         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::text[], $6::text[])
@@ -116,7 +96,16 @@ pub(super) const COMPLETE_MANY: &str = "
             last_error = COALESCE(i.error, e.last_error)
         FROM input i
         WHERE e.id = i.id::uuid AND e.status = 'running' AND e.attempts = i.token
-        RETURNING e.seq, e.started_at, e.worker, i.ord, i.token, i.outcome, i.error
+        RETURNING e.seq, e.key, e.status, e.next_attempt_at, e.started_at, e.worker,
+                  i.ord, i.token, i.outcome, i.error
+    ), requeued AS (
+        UPDATE mailroom.queue q
+        SET state = x.status, run_at = COALESCE(x.next_attempt_at, q.run_at)
+        FROM ended x
+        WHERE q.seq = x.seq AND (x.status = 'pending' OR (x.status = 'dead' AND x.key IS NOT NULL))
+    ), dequeued AS (
+        DELETE FROM mailroom.queue q USING ended x
+        WHERE q.seq = x.seq AND (x.status = 'done' OR (x.status = 'dead' AND x.key IS NULL))
     ), recorded AS (
         INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
         SELECT seq, token, COALESCE(started_at, now()), now(), outcome, error, worker FROM ended

@@ -9,34 +9,46 @@ use std::time::Duration;
 /// Rows one purge statement touches, so retention never holds many row locks.
 const PURGE_CHUNK: i64 = 2000;
 
+/// [`rescue_expired`]'s statement.
+pub(super) const RESCUE: &str = "WITH expired AS (
+     SELECT e.seq FROM mailroom.events e
+     WHERE e.seq = ANY(ARRAY(SELECT q.seq FROM mailroom.queue q WHERE q.state = 'running'))
+       AND e.status = 'running' AND e.lease_until < now()
+     FOR UPDATE OF e SKIP LOCKED
+ ), moved AS (
+     UPDATE mailroom.events e
+     SET status = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
+         next_attempt_at = CASE WHEN e.attempts >= e.max_attempts THEN NULL ELSE now() END,
+         lease_until = NULL, last_error = 'lease expired'
+     WHERE e.seq = ANY(ARRAY(SELECT seq FROM expired))
+     RETURNING e.seq, e.key, e.status, e.attempts, e.started_at, e.worker
+ ), requeued AS (
+     UPDATE mailroom.queue q SET state = m.status, run_at = now()
+     FROM moved m
+     WHERE q.seq = m.seq AND (m.status = 'pending' OR m.key IS NOT NULL)
+ ), dequeued AS (
+     DELETE FROM mailroom.queue q USING moved m
+     WHERE q.seq = m.seq AND m.status = 'dead' AND m.key IS NULL
+ ), recorded AS (
+     INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
+     SELECT seq, attempts, COALESCE(started_at, now()), now(), 'lease_expired', 'lease expired', worker
+     FROM moved
+     ON CONFLICT DO NOTHING
+ )
+ SELECT count(*) FROM moved";
+
 /// Returns running events whose lease has ended to `pending` (or `dead`
 /// when out of attempts), recording the lost attempt; returns how many.
+/// The running events are listed from `queue_running` (few: at most the
+/// topics' concurrency), and locked in `events` first, as completions lock
+/// them, so the two never wait on each other in opposite orders.
 pub(crate) async fn rescue_expired(pool: &PgPool) -> Result<u64> {
     // SKIP LOCKED: a row being completed right now is not expired for long;
     // its completion wins, or the next rescue takes it.
-    let rescued: i64 = sqlx::query_scalar(
-        "WITH expired AS (
-             SELECT seq FROM mailroom.events
-             WHERE status = 'running' AND lease_until < now()
-             FOR UPDATE SKIP LOCKED
-         ), moved AS (
-             UPDATE mailroom.events e
-             SET status = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
-                 next_attempt_at = CASE WHEN e.attempts >= e.max_attempts THEN NULL ELSE now() END,
-                 lease_until = NULL, last_error = 'lease expired'
-             FROM expired x WHERE e.seq = x.seq
-             RETURNING e.seq, e.attempts, e.started_at, e.worker
-         ), recorded AS (
-             INSERT INTO mailroom.attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
-             SELECT seq, attempts, COALESCE(started_at, now()), now(), 'lease_expired', 'lease expired', worker
-             FROM moved
-             ON CONFLICT DO NOTHING
-         )
-         SELECT count(*) FROM moved",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(db("rescuing expired leases"))?;
+    let rescued: i64 = sqlx::query_scalar(RESCUE)
+        .fetch_one(pool)
+        .await
+        .map_err(db("rescuing expired leases"))?;
     Ok(u64::try_from(rescued).unwrap_or(0))
 }
 

@@ -57,7 +57,9 @@ mod rows;
 mod stats;
 
 pub(crate) use admin::{replay, replay_matching, skip};
-pub(crate) use claims::{SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, next_due};
+pub(crate) use claims::{
+    Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, claim_order, next_due,
+};
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use maintenance::{purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch, list};
@@ -104,6 +106,9 @@ pub(super) fn count(row: &PgRow, i: usize) -> Result<u32> {
     let n: i64 = col(row, i)?;
     u32::try_from(n).map_err(|_| StoreError::Corrupt(format!("count {n} out of range")))
 }
+
+/// How many columns `event_cols!()` selects.
+pub(super) const EVENT_COLS: usize = 18;
 
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {

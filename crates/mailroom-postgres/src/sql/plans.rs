@@ -1,12 +1,16 @@
-//! The query plans of the statements whose spelling `docs/perf/postgres.md`
-//! explains: each test asks PostgreSQL how it would run them on a backlog,
-//! under the statistics that once misled it.
+//! The query plans of the hot statements, whose spelling
+//! `docs/perf/postgres.md` explains: each test asks PostgreSQL how it would
+//! run them on a backlog, under the statistics that once misled it. Claims
+//! walk the narrow `mailroom.queue` alone and reach `mailroom.events` only
+//! through its keys; nothing scans either table.
 #![allow(clippy::unwrap_used)]
 
 use super::claims::{
-    CLAIM_ANY, HEADS_BY_KEY, HEADS_BY_KEY_SKIP_DEAD, KEY_LOCK_CLASS, SEQUENTIAL_WINDOW,
+    CLAIM_ANY, CLAIM_FROM, HEADS_BY_KEY, HEADS_BY_KEY_SKIP_DEAD, KEY_LOCK_CLASS, KEYLESS, NEXT_DUE,
+    SEQUENTIAL_WINDOW,
 };
 use super::completions::COMPLETE_MANY;
+use super::maintenance::RESCUE;
 use super::rows::LIST_TOPIC;
 use sqlx::Row;
 use sqlx::postgres::PgArguments;
@@ -37,11 +41,16 @@ async fn backlog(keys: u32) -> PgConnection {
     mailroom_core::Store::migrate(&store).await.unwrap();
     let mut conn = PgConnection::connect(&url).await.unwrap();
     sqlx::query(
-        "INSERT INTO mailroom.events
-             (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at, payload)
-         SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % $1), 'pending', 10, now(),
-                convert_to(repeat('x', 256), 'UTF8')
-         FROM generate_series(1, 20000) g",
+        "WITH inserted AS (
+             INSERT INTO mailroom.events
+                 (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at, payload)
+             SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % $1), 'pending', 10, now(),
+                    convert_to(repeat('x', 256), 'UTF8')
+             FROM generate_series(1, 20000) g
+             RETURNING seq, topic, key, next_attempt_at
+         )
+         INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+         SELECT seq, topic, key, next_attempt_at, 'pending' FROM inserted",
     )
     .bind(i64::from(keys))
     .execute(&mut conn)
@@ -54,23 +63,42 @@ async fn backlog(keys: u32) -> PgConnection {
 /// ANALYZE during a backlog), the ones that misled the planner before.
 async fn analysed_backlog(keys: u32) -> PgConnection {
     let mut conn = backlog(keys).await;
-    sqlx::query("ANALYZE mailroom.events")
+    sqlx::raw_sql("ANALYZE mailroom.events; ANALYZE mailroom.queue")
         .execute(&mut conn)
         .await
         .unwrap();
     conn
 }
 
-/// Marks the first 19,000 events of a [`backlog`] done, as a drain
-/// would have, without new statistics.
-async fn finish_most(conn: &mut PgConnection) {
+/// Marks the events of a [`backlog`] before `seq` done, as a drain would
+/// have (their queue rows gone), without new statistics.
+async fn finish_before(conn: &mut PgConnection, seq: i64) {
     sqlx::query(
-        "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
-         WHERE seq <= 19000",
+        "WITH done AS (
+             UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
+             WHERE seq < $1 RETURNING seq
+         )
+         DELETE FROM mailroom.queue WHERE seq IN (SELECT seq FROM done)",
     )
+    .bind(seq)
     .execute(conn)
     .await
     .unwrap();
+}
+
+/// Marks the first 19,000 events of a [`backlog`] done.
+async fn finish_most(conn: &mut PgConnection) {
+    finish_before(conn, 19_001).await;
+}
+
+/// Whether `plan` reads `mailroom.events` only through `index` (or not at
+/// all; updating its rows is not reading it) and scans no table.
+fn events_only_through(plan: &str, index: &str) -> bool {
+    !plan.contains("Seq Scan")
+        && plan
+            .lines()
+            .filter(|line| line.contains("Scan") && line.contains(" on events"))
+            .all(|line| line.contains(index))
 }
 
 /// The generic plan of `sql` (the one a prepared statement switches to
@@ -96,24 +124,29 @@ async fn generic_plan(conn: &mut PgConnection, sql: &str, types: &str, args: &st
 }
 
 /// Statistics taken while every row was pending (an ANALYZE during a
-/// backlog), then most rows finished: claims still find pending rows
-/// through `events_claim`, neither walking another index over the
-/// finished ones nor scanning the table, in custom and generic plans.
+/// backlog), then most rows finished: claims find pending rows through
+/// `queue_claim` and their events through `events_pkey`, neither walking
+/// another index over the finished ones nor scanning a table, in custom
+/// and generic plans.
 #[tokio::test]
-async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
+async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
     let mut conn = analysed_backlog(50).await;
     for moment in ["all pending", "most finished"] {
         if moment == "most finished" {
             finish_most(&mut conn).await;
         }
-        let single = |from: i64| {
-            explain(CLAIM_ANY)
-                .bind(30_000_000_i64)
-                .bind("w")
-                .bind("t")
-                .bind(100_i64)
-                .bind(from)
-        };
+        let single = explain(CLAIM_ANY)
+            .bind(30_000_000_i64)
+            .bind("w")
+            .bind("t")
+            .bind(100_i64);
+        let from_floor = explain(CLAIM_FROM)
+            .bind(30_000_000_i64)
+            .bind("w")
+            .bind("t")
+            .bind(100_i64)
+            .bind(19_500_i64)
+            .bind(0_i32);
         let sequential = |sql| {
             explain(sql)
                 .bind("t")
@@ -124,25 +157,21 @@ async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
         let block = claim_candidates!(head_block!());
         let skip = claim_candidates!(head_skip!());
         let mut plans = vec![
-            ("single", plan(&mut conn, single(0)).await),
-            (
-                "single, from a floor",
-                plan(&mut conn, single(15_000)).await,
-            ),
+            ("single", plan(&mut conn, single).await),
+            ("single, from a floor", plan(&mut conn, from_floor).await),
             ("sequential", plan(&mut conn, sequential(block)).await),
             (
                 "sequential, on_dead = skip",
                 plan(&mut conn, sequential(skip)).await,
             ),
         ];
-        for (name, from) in [
-            ("single, generic plan", 0),
-            ("from a floor, generic", 15_000),
-        ] {
-            let args = format!("30000000, 'w', 't', 100, {from}");
-            let types = "int8, text, text, int8, int8";
-            plans.push((name, generic_plan(&mut conn, CLAIM_ANY, types, &args).await));
-        }
+        let args = "30000000, 'w', 't', 100";
+        let generic = generic_plan(&mut conn, CLAIM_ANY, "int8, text, text, int8", args).await;
+        plans.push(("single, generic plan", generic));
+        let args = "30000000, 'w', 't', 100, 19500, 0";
+        let types = "int8, text, text, int8, int8, int4";
+        let generic = generic_plan(&mut conn, CLAIM_FROM, types, args).await;
+        plans.push(("from a floor, generic", generic));
         for (name, sql) in [
             ("sequential, generic plan", block),
             ("skip, generic plan", skip),
@@ -156,17 +185,27 @@ async fn claims_walk_the_pending_index_whatever_the_statistics_say() {
             .await;
             plans.push((name, generic));
         }
+        // Keyless events of a sequential topic (once a second at most,
+        // while its heads are sparse): all keyed here, so the planner may
+        // read the queue whole, but never `events`.
+        let keyless = explain(KEYLESS).bind("t").bind(100_i64).bind(vec![1_i64]);
+        let keyless = plan(&mut conn, keyless).await;
+        assert!(
+            !keyless.contains(" on events"),
+            "{moment}, keyless:\n{keyless}"
+        );
         for (name, plan) in plans {
             assert!(
-                plan.contains("using events_claim on events") && !plan.contains("Seq Scan"),
-                "{moment}, {name}: the claim does not read events_claim alone:\n{plan}"
+                plan.contains("using queue_claim on queue")
+                    && events_only_through(&plan, "events_pkey"),
+                "{moment}, {name}: the claim does not walk queue_claim alone:\n{plan}"
             );
         }
     }
 }
 
 /// Past the walk's bound, sequential claims and their next due time
-/// visit keys and heads through `events_open_keys` (a handful of probes
+/// visit keys and heads through `queue_keys` (a handful of probes
 /// per key), never by scanning the table or walking the pending events:
 /// in custom and generic plans, with statistics taken while every row
 /// was pending, at the start of a 10-key backlog and after most of it.
@@ -181,7 +220,7 @@ async fn heads_by_key_probe_the_open_keys_index() {
         ("next due", next_due_by_key!("")),
         (
             "next due, on_dead = skip",
-            next_due_by_key!("AND f.status <> 'dead'"),
+            next_due_by_key!("AND f.state <> 'dead'"),
         ),
     ];
     for moment in ["all pending", "most finished"] {
@@ -207,10 +246,10 @@ async fn heads_by_key_probe_the_open_keys_index() {
             plans.push((name, generic));
         }
         for (name, plan) in plans {
-            let probes = plan.matches("using events_open_keys on events").count();
+            let probes = plan.matches("using queue_keys on queue").count();
             assert!(
-                probes >= 3 && !plan.contains("Seq Scan"),
-                "{moment}, {name}: keys and heads are not probed in events_open_keys:\n{plan}"
+                probes >= 3 && events_only_through(&plan, "events_pkey"),
+                "{moment}, {name}: keys and heads are not probed in queue_keys:\n{plan}"
             );
         }
     }
@@ -218,10 +257,10 @@ async fn heads_by_key_probe_the_open_keys_index() {
 
 /// A completion group finds its rows by id (or among the few running
 /// ones), never through an index that grows with the finished events,
-/// nor by scanning the table: in custom and generic plans, with
-/// statistics taken while every row was pending, at the start of the
-/// drain and after most of it. With `events_listing` holding running
-/// rows too (migration 5), both plans walked it.
+/// nor by scanning a table: in custom and generic plans, with statistics
+/// taken while every row was pending, at the start of the drain and after
+/// most of it. With `events_listing` holding running rows too (migration
+/// 5), both plans walked it.
 #[tokio::test]
 async fn completions_find_their_rows_without_walking_finished_ones() {
     let mut conn = analysed_backlog(50).await;
@@ -230,19 +269,18 @@ async fn completions_find_their_rows_without_walking_finished_ones() {
             "start" => (1, 64),
             _ => (19_001, 19_064),
         };
-        sqlx::query(
-            "UPDATE mailroom.events SET status = 'done', next_attempt_at = NULL
-             WHERE seq < $1",
-        )
-        .bind(first)
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        finish_before(&mut conn, first).await;
         let ids: Vec<String> = sqlx::query_scalar(
-            "UPDATE mailroom.events
-             SET status = 'running', attempts = 1, next_attempt_at = NULL,
-                 lease_until = now() + interval '30 seconds', started_at = now()
-             WHERE seq BETWEEN $1 AND $2 RETURNING id::text",
+            "WITH running AS (
+                 UPDATE mailroom.events
+                 SET status = 'running', attempts = 1, next_attempt_at = NULL,
+                     lease_until = now() + interval '30 seconds', started_at = now()
+                 WHERE seq BETWEEN $1 AND $2 RETURNING seq, id::text
+             ), moved AS (
+                 UPDATE mailroom.queue SET state = 'running'
+                 WHERE seq IN (SELECT seq FROM running)
+             )
+             SELECT id FROM running",
         )
         .bind(first)
         .bind(last)
@@ -273,23 +311,19 @@ async fn completions_find_their_rows_without_walking_finished_ones() {
         let generic = generic_plan(&mut conn, COMPLETE_MANY, types, &args).await;
         for (name, plan) in [("custom", custom), ("generic", generic)] {
             assert!(
-                (plan.contains("using events_id_key on events") || plan.contains("events_running"))
-                    && !plan.contains("events_listing")
-                    && !plan.contains("Seq Scan on events"),
+                plan.contains("using events_id_key on events") && !plan.contains("Seq Scan"),
                 "{moment}, {name} plan: the completion walks finished events:\n{plan}"
             );
         }
     }
 }
 
-/// Listing one topic reads its pending events from `events_claim`, its
-/// running ones from `events_running` and the finished ones from
-/// `events_listing`, instead of walking the other topics' events.
+/// Listing one topic reads `events_topic_seq` backwards, instead of
+/// walking the other topics' events.
 #[tokio::test]
-async fn topic_listings_read_three_partial_indexes() {
+async fn topic_listings_read_the_topic_index() {
     let mut conn = backlog(50).await;
-    // A rare topic among the backlog of `t`: a tenth of it running, 40%
-    // finished, the rest pending, interleaved.
+    // A rare topic among the backlog of `t`, in every status.
     sqlx::query(
         "INSERT INTO mailroom.events (id, source, topic, dedup_key, status, max_attempts)
          SELECT mailroom.uuid_v7(), 'r', 'rare', g::text,
@@ -312,13 +346,10 @@ async fn topic_listings_read_three_partial_indexes() {
         .bind(101_i64);
     let plan = plan(&mut conn, query).await;
     assert!(
-        plan.contains("Index Scan Backward using events_claim")
-            && plan.contains("events_running")
-            && plan.contains("Index Scan Backward using events_listing")
-            && !plan.contains("Seq Scan"),
+        plan.contains("Index Scan Backward using events_topic_seq") && !plan.contains("Seq Scan"),
         "{plan}"
     );
-    // And the merged page is the newest 101 events of the topic.
+    // And the page is the newest 101 events of the topic.
     let page: Vec<i64> = sqlx::query(LIST_TOPIC)
         .bind("rare")
         .bind(None::<String>)
@@ -355,7 +386,7 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
             .bind(seqs.clone());
         let plan = plan(&mut conn, query).await;
         assert!(
-            !plan.contains("events_claim"),
+            !plan.contains("queue_claim"),
             "the re-check reads the pending index:\n{plan}"
         );
         // "Is any event of this key running?" reads an index too (the
@@ -365,4 +396,25 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
             "the re-check scans the table:\n{plan}"
         );
     }
+}
+
+/// The other statements of the hot path: the next due time of an
+/// independent topic reads the queue alone (its pending rows: the same
+/// work as before the queue table, and only when a claim came back
+/// short), lease rescue lists the running rows from `queue_running` and
+/// reads `events` only by its primary key; with statistics taken during a
+/// backlog and most of it finished since.
+#[tokio::test]
+async fn next_due_and_rescue_read_the_queue_indexes() {
+    let mut conn = analysed_backlog(50).await;
+    finish_most(&mut conn).await;
+    let next_due = plan(&mut conn, explain(NEXT_DUE).bind("t")).await;
+    assert!(!next_due.contains(" on events"), "{next_due}");
+    let generic = generic_plan(&mut conn, NEXT_DUE, "text", "'t'").await;
+    assert!(!generic.contains(" on events"), "{generic}");
+    let rescue = plan(&mut conn, explain(RESCUE)).await;
+    assert!(
+        rescue.contains("queue_running") && events_only_through(&rescue, "events_pkey"),
+        "{rescue}"
+    );
 }

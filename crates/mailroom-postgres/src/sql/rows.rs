@@ -13,8 +13,10 @@ use std::collections::{BTreeSet, HashMap};
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
 
-/// Rows in queue order (`ord`), so the first of two same-key inserts wins.
+/// Rows in queue order (`ord`), so the first of two same-key inserts wins;
+/// each new event also gets its row in `mailroom.queue`.
 const INSERT: &str = "
+WITH inserted AS (
     INSERT INTO mailroom.events (id, source, topic, dedup_key, key, type, status, attempts,
         max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
         content_type, payload)
@@ -26,7 +28,12 @@ const INSERT: &str = "
                               causation_id, content_type, payload, max_attempts, ord)
     ORDER BY t.ord
     ON CONFLICT (source, dedup_key) DO NOTHING
-    RETURNING id::text, topic";
+    RETURNING seq, id::text, topic, key, next_attempt_at
+), queued AS (
+    INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+    SELECT seq, topic, key, next_attempt_at, 'pending' FROM inserted
+)
+SELECT id, topic FROM inserted";
 
 /// Inserts `events` in one transaction and announces their topics at its
 /// commit; answers in the same order.
@@ -253,38 +260,20 @@ const LIST_ALL: &str = concat!(
      ORDER BY e.seq DESC LIMIT $5"
 );
 
-/// One topic's events in one `state` (a condition on `status`), newest
-/// first; the filters and parameters of [`LIST_ALL`].
-macro_rules! list_topic_part {
-    ($state:literal) => {
-        concat!(
-            "(SELECT * FROM mailroom.events
-              WHERE topic = $1 AND status ",
-            $state,
-            "
-                AND ($2::text IS NULL OR status = $2)
-                AND ($3::text IS NULL OR key = $3)
-                AND ($4::int8 IS NULL OR seq < $4)
-              ORDER BY seq DESC LIMIT $5)"
-        )
-    };
-}
-
-/// The same for one topic, merged from three parts, each read from its own
-/// partial index: pending events from `events_claim` and finished ones from
-/// `events_listing`, both backwards; running ones (at most the topics'
-/// concurrency) from `events_running`. Why no one index holds them all:
-/// `docs/perf/postgres.md`, "Listing one topic".
+/// The same for one topic, read backwards from `events_topic_seq`. The
+/// topic is spelled `= ANY(ARRAY[$1])` and the rows ordered by `(topic,
+/// seq)` so that only that index yields the order, whatever the
+/// statistics say: the primary key walked backwards would step over every
+/// other topic's events (`docs/perf/postgres.md`, "Listing one topic").
 pub(super) const LIST_TOPIC: &str = concat!(
     "SELECT ",
     event_cols!(),
-    " FROM (",
-    list_topic_part!("= 'pending'"),
-    " UNION ALL ",
-    list_topic_part!("= 'running'"),
-    " UNION ALL ",
-    list_topic_part!("IN ('done', 'dead', 'skipped')"),
-    ") e ORDER BY e.seq DESC LIMIT $5"
+    " FROM mailroom.events e
+     WHERE e.topic = ANY(ARRAY[$1::text])
+       AND ($2::text IS NULL OR e.status = $2)
+       AND ($3::text IS NULL OR e.key = $3)
+       AND ($4::int8 IS NULL OR e.seq < $4)
+     ORDER BY e.topic DESC, e.seq DESC LIMIT $5"
 );
 
 /// Events matching `filter`, newest first, a page at a time.

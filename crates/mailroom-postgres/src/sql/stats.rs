@@ -70,9 +70,10 @@ async fn longest_running(
     by_topic: &mut BTreeMap<String, AttemptWindow>,
 ) -> Result<()> {
     let rows = sqlx::query(concat!(
-        "SELECT topic, ",
-        us!("now() - min(started_at)"),
-        " FROM mailroom.events WHERE status = 'running' AND started_at IS NOT NULL GROUP BY topic"
+        "SELECT q.topic, ",
+        us!("now() - min(e.started_at)"),
+        " FROM mailroom.queue q JOIN mailroom.events e ON e.seq = q.seq
+         WHERE q.state = 'running' AND e.started_at IS NOT NULL GROUP BY q.topic"
     ))
     .fetch_all(&mut **tx)
     .await
@@ -131,9 +132,10 @@ async fn counts(tx: &mut Tx) -> Result<BTreeMap<String, TopicStats>> {
 /// Sets `received_at` of each topic's oldest pending event.
 async fn oldest_pending(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>) -> Result<()> {
     let rows = sqlx::query(concat!(
-        "SELECT topic, ",
-        us!("min(received_at)"),
-        " FROM mailroom.events WHERE status = 'pending' GROUP BY topic"
+        "SELECT q.topic, ",
+        us!("min(e.received_at)"),
+        " FROM mailroom.queue q JOIN mailroom.events e ON e.seq = q.seq
+         WHERE q.state = 'pending' GROUP BY q.topic"
     ))
     .fetch_all(&mut **tx)
     .await
@@ -151,11 +153,11 @@ async fn oldest_pending(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>
 /// is dead.
 async fn blocked_keys(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>) -> Result<()> {
     let rows = sqlx::query(
-        "SELECT e.topic, count(DISTINCT e.key) FROM mailroom.events e
-         WHERE e.status = 'dead' AND e.key IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM mailroom.events p
-               WHERE p.topic = e.topic AND p.key = e.key
-                 AND p.status IN ('pending', 'running', 'dead') AND p.seq < e.seq)
+        "SELECT e.topic, count(DISTINCT e.key) FROM mailroom.queue e
+         WHERE e.state = 'dead' AND e.key IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM mailroom.queue p
+               WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
+                 AND p.seq < e.seq)
          GROUP BY e.topic",
     )
     .fetch_all(&mut **tx)
