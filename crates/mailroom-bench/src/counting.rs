@@ -213,6 +213,18 @@ impl Store for CountingStore {
         self.inner.list(filter).await
     }
 
+    async fn search(&self, search: &mailroom::EventSearch) -> mailroom::Result<Page> {
+        self.inner.search(search).await
+    }
+
+    async fn count(&self, search: &mailroom::EventSearch) -> mailroom::Result<u64> {
+        self.inner.count(search).await
+    }
+
+    async fn throughput(&self, window: Duration) -> mailroom::Result<Vec<mailroom::Throughput>> {
+        self.inner.throughput(window).await
+    }
+
     async fn replay(&self, id: EventId, budget: u32) -> mailroom::Result<Event> {
         self.inner.replay(id, budget).await
     }

@@ -136,6 +136,8 @@ macro_rules! suite {
             attempt_window_counts_recent_attempts_and_the_longest_running,
             purge_drops_payloads_but_keeps_dedup,
             purge_deletes_rows_past_the_dedup_window,
+            search_filters_on_error_text_and_time_and_counts_matches,
+            throughput_counts_received_and_finished_per_minute,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {

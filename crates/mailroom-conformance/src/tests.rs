@@ -7,8 +7,8 @@
 use crate::event;
 use bytes::Bytes;
 use mailroom_core::{
-    AttemptOutcome, ClaimRequest, Claimed, Completion, EventId, FencingToken, ListFilter, OnDead,
-    Retention, Status, Store, StoreError,
+    AttemptOutcome, ClaimRequest, Claimed, Completion, EventId, EventSearch, FencingToken,
+    ListFilter, OnDead, Retention, Status, Store, StoreError,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -925,4 +925,115 @@ pub async fn replay_matching_skips_and_counts_purged_events(s: S) {
     }
     let claimed = claim(&s, &req("orders", 10)).await;
     assert_eq!(ids(&claimed), vec![dead_id]);
+}
+
+/// A search narrows a listing by error text (exact case) and by a
+/// received-at range [from, until), pages newest first like a list, and
+/// `count` counts what it matches; without those filters it is the list.
+pub async fn search_filters_on_error_text_and_time_and_counts_matches(s: S) {
+    let mut at = Vec::new();
+    for (topic, dedup) in [
+        ("orders", "a"),
+        ("orders", "b"),
+        ("orders", "c"),
+        ("other", "d"),
+    ] {
+        let id = insert(&s, topic, dedup, None).await;
+        at.push((id, s.get(id).await.unwrap().unwrap().received_at));
+        tick().await;
+    }
+    let a = finish(&s, "orders", dead("HTTP 500: warehouse down")).await;
+    let b = finish(&s, "orders", dead("timeout after 30s")).await;
+    finish(&s, "orders", Completion::Done).await;
+    let d = finish(&s, "other", dead("HTTP 500: other")).await;
+    let search = |topic: Option<&str>, error: Option<&str>| EventSearch {
+        filter: ListFilter {
+            topic: topic.map(Into::into),
+            status: Some(Status::Dead),
+            ..ListFilter::default()
+        },
+        error_contains: error.map(Into::into),
+        ..EventSearch::default()
+    };
+    let found = |q: EventSearch| {
+        let s = s.clone();
+        async move {
+            let page = s.search(&q).await.unwrap();
+            let n = s.count(&q).await.unwrap();
+            (page.events.iter().map(|e| e.id).collect::<Vec<_>>(), n)
+        }
+    };
+    assert_eq!(found(search(None, Some("HTTP 500"))).await, (vec![d, a], 2));
+    assert_eq!(
+        found(search(Some("orders"), Some("HTTP 500"))).await,
+        (vec![a], 1)
+    );
+    assert_eq!(
+        found(search(None, Some("http 500"))).await,
+        (vec![], 0),
+        "exact case"
+    );
+    let plain = s.list(&search(None, None).filter).await.unwrap();
+    let all_dead: Vec<EventId> = plain.events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        found(search(None, None)).await,
+        (all_dead, 3),
+        "no extra filter: the list"
+    );
+
+    let mut range = search(None, None);
+    range.filter.status = None;
+    range.received_from = Some(at[1].1);
+    range.received_until = Some(at[3].1);
+    assert_eq!(
+        found(range.clone()).await,
+        (vec![at[2].0, b], 2),
+        "[from, until)"
+    );
+    range.received_until = None;
+    range.filter.limit = 2;
+    let first = s.search(&range).await.unwrap();
+    assert_eq!(
+        first.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![d, at[2].0]
+    );
+    range.filter.cursor = first.next_cursor;
+    let second = s.search(&range).await.unwrap();
+    assert_eq!(
+        (second.events.len(), second.events[0].id, second.next_cursor),
+        (1, b, None)
+    );
+    assert_eq!(s.count(&range).await.unwrap(), 3, "count ignores the page");
+}
+
+/// Throughput counts, per topic and minute, the events received and the
+/// attempts done and failed, in minutes of the window.
+pub async fn throughput_counts_received_and_finished_per_minute(s: S) {
+    let started = s.now().await.unwrap();
+    for i in 0..3 {
+        insert(&s, "orders", &format!("o-{i}"), None).await;
+    }
+    insert(&s, "other", "x", None).await;
+    finish(&s, "orders", Completion::Done).await;
+    finish(&s, "orders", retry("busy", HOUR)).await;
+    finish(&s, "other", Completion::Done).await;
+    let rows = s.throughput(Duration::from_secs(600)).await.unwrap();
+    let total = |topic: &str| {
+        rows.iter()
+            .filter(|t| t.topic == topic)
+            .fold((0, 0, 0), |(r, d, f), t| {
+                (r + t.received, d + t.done, f + t.failed)
+            })
+    };
+    assert_eq!(total("orders"), (3, 1, 1));
+    assert_eq!(total("other"), (1, 1, 0));
+    let first_minute = started.as_second() - started.as_second().rem_euclid(60);
+    for t in &rows {
+        assert_eq!(t.minute.as_second() % 60, 0, "minutes start on the minute");
+        assert_eq!(t.minute.subsec_nanosecond(), 0);
+        assert!(
+            t.minute.as_second() >= first_minute - 60,
+            "{t:?} after {started}"
+        );
+    }
 }

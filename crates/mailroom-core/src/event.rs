@@ -32,6 +32,14 @@ impl EventId {
 }
 
 impl EventId {
+    /// The smallest id that [`EventId::new`] can make at `t` or later (a
+    /// UUIDv7 is its millisecond timestamp, then random bits): a bound for
+    /// index range scans by creation time.
+    pub fn first_at(t: jiff::Timestamp) -> Self {
+        let ms = u128::try_from(t.as_millisecond()).unwrap_or(0) & ((1 << 48) - 1);
+        Self(Uuid::from_u128(ms << 80))
+    }
+
     /// Parses an id read back from a store: one that does not parse means
     /// the stored data is [`Corrupt`](crate::StoreError::Corrupt).
     pub fn parse_stored(text: &str) -> crate::Result<Self> {

@@ -40,6 +40,6 @@ pub use mode::{BatchError, BatchSettings, Mode, OnDead};
 pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use store::{
-    ClaimRequest, Inserted, KeyCursor, ListFilter, Page, PurgeReport, ReplayReport, Retention,
-    Store, TopicStats, TopicStream,
+    ClaimRequest, EventSearch, Inserted, KeyCursor, ListFilter, Page, PurgeReport, ReplayReport,
+    Retention, Store, Throughput, TopicStats, TopicStream,
 };

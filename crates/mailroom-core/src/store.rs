@@ -54,6 +54,45 @@ pub struct ListFilter {
     pub cursor: Option<KeyCursor>,
 }
 
+/// A [`ListFilter`] and what an operator hunting dead letters filters on
+/// besides ([`Store::search`], [`Store::count`]). Empty fields match
+/// everything.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventSearch {
+    /// Topic, status, key, and the page (limit, cursor).
+    pub filter: ListFilter,
+    /// Only events whose last error contains this text (exact case).
+    pub error_contains: Option<String>,
+    /// Only events received at or after this.
+    pub received_from: Option<Timestamp>,
+    /// Only events received before this.
+    pub received_until: Option<Timestamp>,
+}
+
+impl EventSearch {
+    /// Whether it filters on more than its [`ListFilter`].
+    pub fn narrows_list(&self) -> bool {
+        self.error_contains.is_some()
+            || self.received_from.is_some()
+            || self.received_until.is_some()
+    }
+}
+
+/// One topic's traffic in one minute ([`Store::throughput`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Throughput {
+    /// The topic.
+    pub topic: String,
+    /// The minute's start (store clock).
+    pub minute: Timestamp,
+    /// Events received in it.
+    pub received: u64,
+    /// Attempts that ended `done` in it.
+    pub done: u64,
+    /// Attempts that failed in it (retried, dead, or lease expired).
+    pub failed: u64,
+}
+
 /// Opaque position in a newest-first listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyCursor(pub EventId);
@@ -186,7 +225,9 @@ pub struct ReplayReport {
 /// [`complete`](Store::complete), [`complete_many`](Store::complete_many),
 /// [`extend`](Store::extend), [`next_due`](Store::next_due),
 /// [`notifications`](Store::notifications)); reading
-/// ([`get`](Store::get), [`list`](Store::list), [`stats`](Store::stats));
+/// ([`get`](Store::get), [`list`](Store::list), [`stats`](Store::stats),
+/// [`search`](Store::search), [`count`](Store::count),
+/// [`throughput`](Store::throughput));
 /// admin ([`replay`](Store::replay),
 /// [`replay_matching`](Store::replay_matching), [`skip`](Store::skip));
 /// maintenance ([`rescue_expired`](Store::rescue_expired),
@@ -272,6 +313,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Per-topic counts, oldest pending, blocked keys; the numbers of one
     /// answer are of one moment.
     async fn stats(&self) -> Result<Vec<TopicStats>>;
+
+    /// Events matching `search`, newest first, a page at a time: [`list`](Store::list)
+    /// with the error-text and time-range filters too.
+    async fn search(&self, search: &EventSearch) -> Result<Page>;
+
+    /// How many events match `search` (its limit and cursor ignored).
+    async fn count(&self, search: &EventSearch) -> Result<u64>;
+
+    /// Per topic and minute over the last `window` (store clock): events
+    /// received, attempts done and failed. Minutes with none are absent;
+    /// ordered by topic, then minute.
+    async fn throughput(&self, window: Duration) -> Result<Vec<Throughput>>;
 
     // Admin.
 

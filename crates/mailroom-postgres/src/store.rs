@@ -7,9 +7,9 @@ use crate::sql::{self, db};
 use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
-    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-    ListFilter, NewEvent, OnDead, Page, PurgeReport, ReplayReport, Result, Retention, Store,
-    TopicStats, TopicStream,
+    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch, FencingToken,
+    Inserted, ListFilter, NewEvent, OnDead, Page, PurgeReport, ReplayReport, Result, Retention,
+    Store, Throughput, TopicStats, TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -283,6 +283,18 @@ impl Store for PostgresStore {
 
     async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>> {
         sql::attempt_window(self.pool_ref(), window).await
+    }
+
+    async fn search(&self, search: &EventSearch) -> Result<Page> {
+        sql::search(self.pool_ref(), search).await
+    }
+
+    async fn count(&self, search: &EventSearch) -> Result<u64> {
+        sql::count_matching(self.pool_ref(), search).await
+    }
+
+    async fn throughput(&self, window: Duration) -> Result<Vec<Throughput>> {
+        sql::throughput(self.pool_ref(), window).await
     }
 
     async fn stats(&self) -> Result<Vec<TopicStats>> {

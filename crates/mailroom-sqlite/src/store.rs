@@ -6,9 +6,9 @@ use crate::sql::{self, db, now_ms};
 use crate::writer::{WhenFull, Writer};
 use jiff::Timestamp;
 use mailroom_core::{
-    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-    ListFilter, NewEvent, Page, PurgeReport, ReplayReport, Result, Retention, Store, StoreError,
-    TopicStats,
+    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch, FencingToken,
+    Inserted, ListFilter, NewEvent, Page, PurgeReport, ReplayReport, Result, Retention, Store,
+    StoreError, Throughput, TopicStats,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
@@ -231,6 +231,20 @@ impl Store for SqliteStore {
 
     async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>> {
         self.read(move |c| sql::attempt_window(c, window)).await
+    }
+
+    async fn search(&self, search: &EventSearch) -> Result<Page> {
+        let search = search.clone();
+        self.read(move |c| sql::search(c, &search)).await
+    }
+
+    async fn count(&self, search: &EventSearch) -> Result<u64> {
+        let search = search.clone();
+        self.read(move |c| sql::count(c, &search)).await
+    }
+
+    async fn throughput(&self, window: Duration) -> Result<Vec<Throughput>> {
+        self.read(move |c| sql::throughput(c, window)).await
     }
 
     async fn purge(&self, retention: Retention) -> Result<PurgeReport> {

@@ -48,6 +48,15 @@ impl Store for Stalled {
     async fn list(&self, _: &ListFilter) -> R<Page> {
         down()
     }
+    async fn search(&self, _: &mailroom_core::EventSearch) -> R<Page> {
+        down()
+    }
+    async fn count(&self, _: &mailroom_core::EventSearch) -> R<u64> {
+        down()
+    }
+    async fn throughput(&self, _: Duration) -> R<Vec<mailroom_core::Throughput>> {
+        down()
+    }
     async fn stats(&self) -> R<Vec<TopicStats>> {
         std::future::pending().await
     }

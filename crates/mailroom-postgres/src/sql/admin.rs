@@ -1,9 +1,12 @@
 //! Admin: an operator's writes, replaying events (one, or every match of a
-//! filter) and skipping a dead one so its key unblocks.
+//! filter) and skipping a dead one so its key unblocks; and the searches
+//! an operator runs for them (error text, time range).
 
-use super::db;
-use super::rows::{event_by_id, get};
-use mailroom_core::{Event, EventId, ListFilter, ReplayReport, Result, Status, StoreError};
+use super::rows::{DEFAULT_LIMIT, MAX_LIMIT, cursor_seq, event_by_id, get};
+use super::{db, events_from_rows};
+use mailroom_core::{
+    Event, EventId, EventSearch, ListFilter, Page, ReplayReport, Result, Status, StoreError,
+};
 use sqlx::{PgPool, Postgres, Transaction};
 
 /// Why a replay or skip of `id` changed nothing: `NotFound`, or what `why`
@@ -177,4 +180,79 @@ pub(crate) async fn skip(pool: &PgPool, id: EventId) -> Result<Event> {
         .await);
     }
     get(pool, id).await?.ok_or(StoreError::NotFound)
+}
+
+/// The conditions of a search ($1..$6), on events aliased `e`.
+macro_rules! search_where {
+    () => {
+        "($1::text IS NULL OR e.topic = $1)
+    AND ($2::text IS NULL OR e.status = $2)
+    AND ($3::text IS NULL OR e.key = $3)
+    AND ($4::text IS NULL OR strpos(e.last_error, $4) > 0)
+    AND ($5::int8 IS NULL OR e.received_at >= timestamptz 'epoch' + $5 * interval '1 microsecond')
+    AND ($6::int8 IS NULL OR e.received_at < timestamptz 'epoch' + $6 * interval '1 microsecond')"
+    };
+}
+
+fn bind_search<'q>(
+    q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    s: &'q EventSearch,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    q.bind(s.filter.topic.as_deref())
+        .bind(s.filter.status.map(Status::as_str))
+        .bind(s.filter.key.as_deref())
+        .bind(s.error_contains.as_deref())
+        .bind(s.received_from.map(|t| t.as_microsecond()))
+        .bind(s.received_until.map(|t| t.as_microsecond()))
+}
+
+/// Events matching `search`, newest first. Without an error or time
+/// filter it is the plain listing (`rows::list`, planned per index);
+/// with one, a walk back by `seq` that the filters (dead letters, mostly)
+/// keep short.
+pub(crate) async fn search(pool: &PgPool, search: &EventSearch) -> Result<Page> {
+    const CTX: &str = "searching events";
+    if !search.narrows_list() {
+        return super::list(pool, &search.filter).await;
+    }
+    let limit = match search.filter.limit {
+        0 => DEFAULT_LIMIT,
+        n => n.min(MAX_LIMIT),
+    };
+    let after_seq = match search.filter.cursor {
+        None => None,
+        Some(cursor) => Some(cursor_seq(pool, cursor).await?),
+    };
+    let sql = concat!(
+        "SELECT ",
+        event_cols!(),
+        " FROM mailroom.events e WHERE ",
+        search_where!(),
+        " AND ($7::int8 IS NULL OR e.seq < $7) ORDER BY e.seq DESC LIMIT $8"
+    );
+    let rows = bind_search(sqlx::query(sql), search)
+        .bind(after_seq)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(pool)
+        .await
+        .map_err(db(CTX))?;
+    let events = events_from_rows(&rows)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    Ok(Page::from_overfetch(events, limit))
+}
+
+/// How many events match `search`.
+pub(crate) async fn count_matching(pool: &PgPool, search: &EventSearch) -> Result<u64> {
+    let sql = concat!(
+        "SELECT count(*) FROM mailroom.events e WHERE ",
+        search_where!()
+    );
+    let row: (i64,) = bind_search(sqlx::query(sql), search)
+        .fetch_one(pool)
+        .await
+        .map_err(db("counting events"))
+        .and_then(|r| Ok((super::col(&r, 0)?,)))?;
+    Ok(row.0.unsigned_abs())
 }

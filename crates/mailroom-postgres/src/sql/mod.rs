@@ -56,14 +56,14 @@ mod plans;
 mod rows;
 mod stats;
 
-pub(crate) use admin::{replay, replay_matching, skip};
+pub(crate) use admin::{count_matching, replay, replay_matching, search, skip};
 pub(crate) use claims::{
     Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, claim_order, next_due,
 };
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use maintenance::{purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch, list};
-pub(crate) use stats::{attempt_window, stats};
+pub(crate) use stats::{attempt_window, stats, throughput};
 
 /// Maps a database error to a [`StoreError`], saying what was being done.
 /// Data exceptions (SQLSTATE class 22: bad text encoding, out-of-range

@@ -10,8 +10,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::{BTreeSet, HashMap};
 
 /// Default and largest page of a listing.
-const DEFAULT_LIMIT: u32 = 100;
-const MAX_LIMIT: u32 = 1000;
+pub(super) const DEFAULT_LIMIT: u32 = 100;
+pub(super) const MAX_LIMIT: u32 = 1000;
 
 /// Rows in queue order (`ord`), so the first of two same-key inserts wins;
 /// each new event also gets its row in `mailroom.queue`.
@@ -310,7 +310,7 @@ pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
 }
 
 /// The `seq` a listing cursor stands for.
-async fn cursor_seq(pool: &PgPool, KeyCursor(after_id): KeyCursor) -> Result<i64> {
+pub(super) async fn cursor_seq(pool: &PgPool, KeyCursor(after_id): KeyCursor) -> Result<i64> {
     let seq: Option<i64> =
         sqlx::query_scalar("SELECT seq FROM mailroom.events WHERE id = $1::text::uuid")
             .bind(after_id.to_string())

@@ -3,7 +3,7 @@
 //! numbers agree with each other.
 
 use super::{col, db, micros, opt_ts};
-use mailroom_core::{AttemptWindow, Result, Status, StoreError, TopicStats};
+use mailroom_core::{AttemptWindow, EventId, Result, Status, StoreError, Throughput, TopicStats};
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -170,4 +170,72 @@ async fn blocked_keys(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>) 
         }
     }
     Ok(())
+}
+
+/// See [`Store::throughput`](mailroom_core::Store::throughput): events
+/// received per minute, found through the `id` index (ids are UUIDv7, so
+/// time-ordered; the bound leaves a margin for clock skew and the time
+/// between an id's making and its commit), and attempts finished (the BRIN
+/// index `attempts_finished`), from one snapshot.
+pub(crate) async fn throughput(pool: &PgPool, window: Duration) -> Result<Vec<Throughput>> {
+    const CTX: &str = "reading throughput";
+    let margin = window + Duration::from_secs(300);
+    let first_id = jiff::Timestamp::now()
+        .checked_sub(jiff::SignedDuration::try_from(margin).unwrap_or_default())
+        .map(EventId::first_at)
+        .unwrap_or_else(|_| EventId(uuid::Uuid::nil()));
+    let mut tx = snapshot(pool, CTX).await?;
+    let received = sqlx::query(
+        "SELECT topic, extract(epoch FROM date_trunc('minute', received_at))::int8, count(*)::int8
+         FROM mailroom.events
+         WHERE id >= $1::text::uuid
+           AND received_at >= now() - make_interval(secs => $2::float8 / 1000000)
+         GROUP BY 1, 2",
+    )
+    .bind(first_id.to_string())
+    .bind(micros(window))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    let finished = sqlx::query(
+        "SELECT e.topic, extract(epoch FROM date_trunc('minute', a.finished_at))::int8,
+                (count(*) FILTER (WHERE a.outcome = 'done'))::int8,
+                (count(*) FILTER (WHERE a.outcome <> 'done'))::int8
+         FROM mailroom.attempts a JOIN mailroom.events e ON e.seq = a.event_seq
+         WHERE a.finished_at >= now() - make_interval(secs => $1::float8 / 1000000)
+         GROUP BY 1, 2",
+    )
+    .bind(micros(window))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
+    let mut by_minute: BTreeMap<(String, i64), Throughput> = BTreeMap::new();
+    for row in &received {
+        minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?.received = unsigned(col(row, 2)?);
+    }
+    for row in &finished {
+        let entry = minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?;
+        entry.done = unsigned(col(row, 2)?);
+        entry.failed = unsigned(col(row, 3)?);
+    }
+    Ok(by_minute.into_values().collect())
+}
+
+fn minute_entry(
+    by_minute: &mut BTreeMap<(String, i64), Throughput>,
+    topic: String,
+    minute: i64,
+) -> Result<&mut Throughput> {
+    let start = jiff::Timestamp::from_second(minute)
+        .map_err(|e| StoreError::Corrupt(format!("minute {minute} out of range: {e}")))?;
+    Ok(by_minute
+        .entry((topic.clone(), minute))
+        .or_insert_with(|| Throughput {
+            topic,
+            minute: start,
+            received: 0,
+            done: 0,
+            failed: 0,
+        }))
 }

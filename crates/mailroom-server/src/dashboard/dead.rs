@@ -11,49 +11,93 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use mailroom::{Engine, KeyCursor, ListFilter, Status, StoreError};
+use jiff::Timestamp;
+use mailroom::{Engine, EventSearch, KeyCursor, ListFilter, Status, StoreError};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// What the dead letters page and a bulk replay filter on.
+/// What the dead letters page and a bulk replay filter on, as typed in
+/// the form (times as `datetime-local` values, UTC, or RFC 3339).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct DeadFilter {
     #[serde(default)]
     topic: String,
     #[serde(default)]
     key: String,
+    #[serde(default)]
+    error: String,
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    until: String,
+}
+
+/// A form's time: `2026-11-25T14:03` (UTC, what `datetime-local` sends),
+/// with seconds, or RFC 3339 with an offset.
+fn parse_time(field: &str, text: &str) -> Result<Option<Timestamp>, PageError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let parsed = text.parse::<Timestamp>().ok().or_else(|| {
+        text.parse::<jiff::civil::DateTime>()
+            .ok()
+            .and_then(|dt| dt.to_zoned(jiff::tz::TimeZone::UTC).ok())
+            .map(|z| z.timestamp())
+    });
+    parsed.map(Some).ok_or_else(|| {
+        PageError::BadRequest(format!(
+            "{field}: {text:?} is not a time (e.g. 2026-11-25T14:03, UTC)"
+        ))
+    })
 }
 
 impl DeadFilter {
-    fn list_filter(&self, limit: u32, cursor: Option<KeyCursor>) -> ListFilter {
+    fn search(&self, limit: u32, cursor: Option<KeyCursor>) -> Result<EventSearch, PageError> {
         let some = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
-        ListFilter {
-            topic: some(&self.topic),
-            status: Some(Status::Dead),
-            key: some(&self.key),
-            limit,
-            cursor,
-        }
+        Ok(EventSearch {
+            filter: ListFilter {
+                topic: some(&self.topic),
+                status: Some(Status::Dead),
+                key: some(&self.key),
+                limit,
+                cursor,
+            },
+            error_contains: some(&self.error),
+            received_from: parse_time("from", &self.from)?,
+            received_until: parse_time("until", &self.until)?,
+        })
     }
 
     fn query(&self) -> String {
-        format!("topic={}&key={}", encode(&self.topic), encode(&self.key))
+        format!(
+            "topic={}&key={}&error={}&from={}&until={}",
+            encode(&self.topic),
+            encode(&self.key),
+            encode(&self.error),
+            encode(&self.from),
+            encode(&self.until)
+        )
     }
 
     fn describe(&self) -> String {
-        let mut parts = vec![];
-        if !self.topic.trim().is_empty() {
-            parts.push(format!("topic {}", self.topic.trim()));
-        }
-        if !self.key.trim().is_empty() {
-            parts.push(format!("key {}", self.key.trim()));
-        }
+        let parts: Vec<String> = [
+            ("topic", &self.topic),
+            ("key", &self.key),
+            ("error containing", &self.error),
+            ("received from", &self.from),
+            ("received until", &self.until),
+        ]
+        .iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(k, v)| format!("{k} {}", v.trim()))
+        .collect();
         if parts.is_empty() {
             "every dead event".to_owned()
         } else {
-            format!("dead events of {}", parts.join(", "))
+            format!("dead events with {}", parts.join(", "))
         }
     }
 }
@@ -87,9 +131,9 @@ pub(crate) async fn page(
     let filter = q.filter;
     let listed = s
         .engine
-        .list(&filter.list_filter(PAGE_SIZE, cursor(q.cursor.as_deref())?))
+        .search(&filter.search(PAGE_SIZE, cursor(q.cursor.as_deref())?)?)
         .await?;
-    let matching = count(&s.engine, &filter.list_filter(0, None)).await?;
+    let matching = s.engine.count(&filter.search(0, None)?).await?;
     let next = listed
         .next_cursor
         .map(|c| format!("?{}&cursor={}", filter.query(), c.0));
@@ -102,23 +146,6 @@ pub(crate) async fn page(
         filter,
     };
     Ok(view::render(StatusCode::OK, &page))
-}
-
-/// How many events match `filter`, by paging through them.
-async fn count(engine: &Engine, filter: &ListFilter) -> Result<u64, StoreError> {
-    let mut f = ListFilter {
-        limit: 1000,
-        ..filter.clone()
-    };
-    let mut n = 0;
-    loop {
-        let page = engine.list(&f).await?;
-        n += page.events.len() as u64;
-        match page.next_cursor {
-            Some(c) => f.cursor = Some(c),
-            None => return Ok(n),
-        }
-    }
 }
 
 /// A bulk replay under way or finished.
@@ -186,9 +213,10 @@ pub(crate) async fn start(
     Form(form): Form<StartForm>,
 ) -> Result<Response, PageError> {
     let filter = form.filter;
-    let total = count(&s.engine, &filter.list_filter(0, None)).await?;
+    let search = filter.search(JOB_CHUNK, None)?;
+    let total = s.engine.count(&search).await?;
     let job = s.dashboard.jobs.add(filter.describe(), total);
-    tokio::spawn(run(s.engine.clone(), filter, job.clone()));
+    tokio::spawn(run(s.engine.clone(), search, job.clone()));
     Ok(Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response())
 }
 
@@ -196,10 +224,9 @@ pub(crate) async fn start(
 /// store write; a chunk runs concurrently so the store can group them),
 /// walking the listing by cursor so events it cannot replay are passed,
 /// not met again.
-async fn run(engine: Engine, filter: DeadFilter, job: Arc<Job>) {
-    let mut cursor = None;
+async fn run(engine: Engine, mut search: EventSearch, job: Arc<Job>) {
     loop {
-        let page = match engine.list(&filter.list_filter(JOB_CHUNK, cursor)).await {
+        let page = match engine.search(&search).await {
             Ok(p) => p,
             Err(e) => return job.fail(&e),
         };
@@ -219,7 +246,7 @@ async fn run(engine: Engine, filter: DeadFilter, job: Arc<Job>) {
             };
         }
         match page.next_cursor {
-            Some(c) => cursor = Some(c),
+            Some(c) => search.filter.cursor = Some(c),
             None => break,
         }
     }

@@ -10,11 +10,13 @@
 //! - [`session`]: login with the API token, server-side sessions in an
 //!   HttpOnly, SameSite=Strict cookie, and the Origin and CSRF checks every
 //!   state-changing request passes.
+//! - [`chart`]: the overview's inline SVG of each topic's traffic.
 //! - [`view`]: what pages share: the page frame, errors, time formatting.
 //!
 //! Like `/v1`, every page reads and writes through the [`mailroom::Engine`]
 //! and its typed answers ([`mailroom::answer`]).
 
+mod chart;
 mod dead;
 mod pages;
 mod session;

@@ -1,5 +1,6 @@
 //! The overview, a topic's events, one event, and its replay and skip.
 
+use super::chart::{self, Series};
 use super::session::Session;
 use super::view::{self, Frame, PageError, encode, span, when};
 use crate::AppState;
@@ -27,10 +28,13 @@ pub(crate) struct TopicRow {
     blocked_keys: u64,
     done_per_second: f64,
     failed_per_second: f64,
+    /// The traffic chart (SVG of numbers only, embedded unescaped).
+    chart: String,
+    chart_totals: (u64, u64, u64),
 }
 
 impl TopicRow {
-    fn new(t: &TopicAnswer) -> Self {
+    fn new(t: &TopicAnswer, series: &Series) -> Self {
         Self {
             name: t.topic.clone(),
             mode: t.mode,
@@ -45,6 +49,8 @@ impl TopicRow {
             blocked_keys: t.blocked_keys,
             done_per_second: t.rates.done_per_second,
             failed_per_second: t.rates.failed_per_second,
+            chart: series.svg(),
+            chart_totals: series.totals(),
         }
     }
 }
@@ -78,10 +84,18 @@ pub(crate) async fn overview(
 ) -> Result<Response, PageError> {
     let now = Timestamp::now();
     let stats = StatsAnswer::read(&s.engine, now).await?;
+    let traffic = s
+        .engine
+        .throughput(Duration::from_secs(60 * chart::MINUTES as u64))
+        .await?;
+    let rows = stats.topics.iter().map(|t| {
+        let series = Series::of(&t.topic, &traffic, now);
+        TopicRow::new(t, &series)
+    });
     let page = OverviewPage {
         frame: Frame::new("Overview", session),
         statuses: Status::ALL.iter().map(|s| s.as_str()).collect(),
-        topics: stats.topics.iter().map(TopicRow::new).collect(),
+        topics: rows.collect(),
         alerts: stats.alerts,
         dependencies: s
             .options

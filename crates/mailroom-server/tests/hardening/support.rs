@@ -120,6 +120,15 @@ impl Store for Wrapped {
     async fn list(&self, filter: &ListFilter) -> StoreResult<Page> {
         self.inner.list(filter).await
     }
+    async fn search(&self, search: &mailroom::EventSearch) -> StoreResult<Page> {
+        self.inner.search(search).await
+    }
+    async fn count(&self, search: &mailroom::EventSearch) -> StoreResult<u64> {
+        self.inner.count(search).await
+    }
+    async fn throughput(&self, window: Duration) -> StoreResult<Vec<mailroom::Throughput>> {
+        self.inner.throughput(window).await
+    }
     async fn replay(&self, id: EventId, budget: u32) -> StoreResult<Event> {
         self.inner.replay(id, budget).await
     }

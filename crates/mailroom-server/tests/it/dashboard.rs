@@ -469,19 +469,32 @@ async fn dead_letters_replay_all_matching_with_progress() {
         "{html}"
     );
     let csrf = csrf_of(&html);
-    let html = http
-        .get(s.url("/ui/dead?topic=work&key="))
-        .header("cookie", format!("mailroom_session={session}"))
+    let matching = |query: &'static str| {
+        let req = http
+            .get(s.url(&format!("/ui/dead?{query}")))
+            .header("cookie", format!("mailroom_session={session}"));
+        async move {
+            let html = req.send().await.expect("GET").text().await.expect("html");
+            let needle = r#"<p id="matching"><strong>"#;
+            let at = html.find(needle).expect("a count") + needle.len();
+            html[at..].split('<').next().unwrap_or_default().to_owned()
+        }
+    };
+    assert_eq!(matching("topic=work&key=").await, "2", "by topic");
+    assert_eq!(matching("topic=work&key=c2").await, "1", "by key");
+    assert_eq!(matching("error=said+500").await, "3", "by error text");
+    assert_eq!(matching("error=said+404").await, "0", "by error text");
+    assert_eq!(
+        matching("from=2000-01-01T00%3A00&until=2999-01-01T00%3A00").await,
+        "3"
+    );
+    assert_eq!(matching("from=2999-01-01T00%3A00").await, "0", "by time");
+    let bad = http
+        .get(s.url("/ui/dead?from=yesterday"))
         .send()
         .await
-        .expect("GET")
-        .text()
-        .await
-        .expect("html");
-    assert!(
-        html.contains("<strong>2</strong> dead events match"),
-        "filtered by topic"
-    );
+        .expect("GET");
+    assert_eq!(bad.status(), 400, "a time that is not one");
     fixed.store(true, Ordering::SeqCst);
     let started = http
         .post(s.url("/ui/dead/replay"))

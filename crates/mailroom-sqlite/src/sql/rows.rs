@@ -1,9 +1,10 @@
 //! Rows: inserting an event, reading one with its history, and listing
-//! them a page at a time.
+//! (or searching, or counting) them a page at a time.
 
 use super::{col, db, opt_ts, query_events, ts};
 use mailroom_core::{
-    Attempt, Event, EventId, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result, StoreError,
+    Attempt, Event, EventId, EventSearch, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result,
+    StoreError,
 };
 use rusqlite::{Connection, OptionalExtension, ToSql};
 
@@ -125,14 +126,44 @@ pub(super) fn filter_sql(filter: &ListFilter) -> (String, Vec<Box<dyn ToSql>>) {
     (sql, params)
 }
 
+/// [`filter_sql`] and the conditions a search adds (error text, time range).
+fn search_sql(search: &EventSearch) -> (String, Vec<Box<dyn ToSql>>) {
+    let (mut sql, mut params) = filter_sql(&search.filter);
+    if let Some(text) = &search.error_contains {
+        params.push(Box::new(text.clone()));
+        sql.push_str(&format!(" AND instr(last_error, ?{}) > 0", params.len()));
+    }
+    if let Some(from) = search.received_from {
+        params.push(Box::new(from.as_millisecond()));
+        sql.push_str(&format!(" AND received_at >= ?{}", params.len()));
+    }
+    if let Some(until) = search.received_until {
+        params.push(Box::new(until.as_millisecond()));
+        sql.push_str(&format!(" AND received_at < ?{}", params.len()));
+    }
+    (sql, params)
+}
+
 /// Events matching `filter`, newest first, a page at a time.
 pub(crate) fn list(conn: &Connection, filter: &ListFilter) -> Result<Page> {
+    search(
+        conn,
+        &EventSearch {
+            filter: filter.clone(),
+            ..EventSearch::default()
+        },
+    )
+}
+
+/// Events matching `search`, newest first, a page at a time.
+pub(crate) fn search(conn: &Connection, search: &EventSearch) -> Result<Page> {
     const CTX: &str = "listing events";
+    let filter = &search.filter;
     let limit = match filter.limit {
         0 => DEFAULT_LIMIT,
         n => n.min(MAX_LIMIT),
     };
-    let (mut cond, mut params) = filter_sql(filter);
+    let (mut cond, mut params) = search_sql(search);
     if let Some(cursor) = filter.cursor {
         params.push(Box::new(cursor_seq(conn, cursor)?));
         cond.push_str(&format!(" AND seq < ?{}", params.len()));
@@ -154,6 +185,19 @@ pub(crate) fn list(conn: &Connection, filter: &ListFilter) -> Result<Page> {
         .map(|(_, e)| e)
         .collect();
     Ok(Page::from_overfetch(events, limit))
+}
+
+/// How many events match `search`.
+pub(crate) fn count(conn: &Connection, search: &EventSearch) -> Result<u64> {
+    const CTX: &str = "counting events";
+    let (cond, params) = search_sql(search);
+    let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
+    let n: i64 = conn
+        .prepare_cached(&format!("SELECT COUNT(*) FROM events WHERE 1{cond}"))
+        .map_err(db(CTX))?
+        .query_row(&refs[..], |r| r.get(0))
+        .map_err(db(CTX))?;
+    Ok(n.unsigned_abs())
 }
 
 /// The `seq` a listing cursor stands for.

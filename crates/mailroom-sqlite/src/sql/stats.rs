@@ -1,9 +1,10 @@
 //! Stats: per-topic counts, oldest pending and blocked keys, and the recent
-//! attempts that alerts judge. Reads run in one transaction (see
+//! attempts that alerts judge, and the traffic per minute the dashboard
+//! charts. Reads run in one transaction (see
 //! `reader`), so the numbers of one answer agree with each other.
 
-use super::{before, col, db, now_ms, opt_ts};
-use mailroom_core::{AttemptWindow, Result, Status, StoreError, TopicStats};
+use super::{before, col, db, now_ms, opt_ts, ts};
+use mailroom_core::{AttemptWindow, EventId, Result, Status, StoreError, Throughput, TopicStats};
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -216,4 +217,66 @@ fn longest_running(
             .longest_running = Some(age);
     }
     Ok(())
+}
+
+/// A minute's number (milliseconds since the epoch / 60,000).
+const MINUTE_MS: i64 = 60_000;
+
+/// See [`Store::throughput`](mailroom_core::Store::throughput): events
+/// received per minute (found through the `id` index: ids are UUIDv7, so
+/// time-ordered; the bound leaves a margin for the time between an id's
+/// making and its commit), and attempts finished (`attempts_finished`).
+pub(crate) fn throughput(conn: &Connection, window: Duration) -> Result<Vec<Throughput>> {
+    const CTX: &str = "reading throughput";
+    let since = before(now_ms(), window);
+    let first_id = ts(before(since, Duration::from_secs(300)))
+        .map(EventId::first_at)
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+    let mut by_minute: BTreeMap<(String, i64), Throughput> = BTreeMap::new();
+    let mut received = conn
+        .prepare_cached(
+            "SELECT topic, received_at / ?3, COUNT(*) FROM events
+             WHERE id >= ?1 AND received_at >= ?2 GROUP BY 1, 2",
+        )
+        .map_err(db(CTX))?;
+    let mut rows = received
+        .query(rusqlite::params![first_id, since, MINUTE_MS])
+        .map_err(db(CTX))?;
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let n: i64 = col(row, 2)?;
+        minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?.received = n.unsigned_abs();
+    }
+    let mut finished = conn
+        .prepare_cached(
+            "SELECT e.topic, a.finished_at / ?2, SUM(a.outcome = 'done'), SUM(a.outcome <> 'done')
+             FROM attempts a JOIN events e ON e.seq = a.event_seq
+             WHERE a.finished_at >= ?1 GROUP BY 1, 2",
+        )
+        .map_err(db(CTX))?;
+    let mut rows = finished.query([since, MINUTE_MS]).map_err(db(CTX))?;
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let (done, failed): (i64, i64) = (col(row, 2)?, col(row, 3)?);
+        let entry = minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?;
+        entry.done = done.unsigned_abs();
+        entry.failed = failed.unsigned_abs();
+    }
+    Ok(by_minute.into_values().collect())
+}
+
+fn minute_entry(
+    by_minute: &mut BTreeMap<(String, i64), Throughput>,
+    topic: String,
+    minute: i64,
+) -> Result<&mut Throughput> {
+    let start = ts(minute.saturating_mul(MINUTE_MS))?;
+    Ok(by_minute
+        .entry((topic.clone(), minute))
+        .or_insert_with(|| Throughput {
+            topic,
+            minute: start,
+            received: 0,
+            done: 0,
+            failed: 0,
+        }))
 }

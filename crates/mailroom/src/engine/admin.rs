@@ -3,8 +3,8 @@
 
 use super::Engine;
 use mailroom_core::{
-    Alert, AlertRules, AttemptWindow, Event, EventId, ListFilter, Page, PurgeReport, ReplayReport,
-    Retention, StoreError, TopicStats,
+    Alert, AlertRules, AttemptWindow, Event, EventId, EventSearch, ListFilter, Page, PurgeReport,
+    ReplayReport, Retention, StoreError, Throughput, TopicStats,
 };
 use std::time::Duration;
 
@@ -17,6 +17,22 @@ impl Engine {
     /// Events matching `filter`, newest first.
     pub async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
         self.inner.store.list(filter).await
+    }
+
+    /// Events matching `search` (error text, time range besides the list
+    /// filters), newest first.
+    pub async fn search(&self, search: &EventSearch) -> Result<Page, StoreError> {
+        self.inner.store.search(search).await
+    }
+
+    /// How many events match `search`.
+    pub async fn count(&self, search: &EventSearch) -> Result<u64, StoreError> {
+        self.inner.store.count(search).await
+    }
+
+    /// Per topic and minute over the last `window`: received, done, failed.
+    pub async fn throughput(&self, window: Duration) -> Result<Vec<Throughput>, StoreError> {
+        self.inner.store.throughput(window).await
     }
 
     /// Whether the store answers (readiness).
