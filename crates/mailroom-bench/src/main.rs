@@ -54,6 +54,9 @@ enum Command {
     Drain(DrainArgs),
     /// Intake and drain on SQLite, PostgreSQL x1 and PostgreSQL x2, side by side.
     Pg(PgArgs),
+    /// PostgreSQL: a large backlog drained; the rate over its first and last
+    /// windows, and claim statements timed at its start, middle and end.
+    Backlog(BacklogArgs),
     /// SQLite drains of `single` and `batch` beside a raw SQLite loop doing
     /// only the writes a batch drain needs (the bound for `batch`).
     Floor(FloorArgs),
@@ -171,6 +174,52 @@ impl DrainSettingsArgs {
             timeout: self.timeout,
         }
     }
+}
+
+#[derive(Debug, Args)]
+struct BacklogArgs {
+    /// The PostgreSQL server: a fresh database is created and dropped.
+    #[arg(long, value_parser = Backend::parse)]
+    store: Backend,
+    /// Events preloaded and drained.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Topic mode of the drain.
+    #[arg(long, default_value = "single", value_parser = DrainMode::parse)]
+    mode: DrainMode,
+    /// Events per rate window (the first and the last are compared).
+    #[arg(long, default_value_t = 100_000)]
+    window: u64,
+    /// Claim statements per probe.
+    #[arg(long, default_value_t = 10)]
+    probe_claims: u32,
+    /// Events each probe claim asks for.
+    #[arg(long, default_value_t = 64)]
+    probe_size: u32,
+    /// Attempts in flight of the single and sequential topics.
+    #[arg(long, default_value_t = 256)]
+    concurrency: u32,
+    /// Ordering keys of the sequential topic.
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
+    /// The batch topic's max_size.
+    #[arg(long, default_value_t = 500)]
+    batch_size: u32,
+    /// Batch deliveries in flight.
+    #[arg(long, default_value_t = 16)]
+    batch_concurrency: u32,
+    /// Concurrent enqueues while preloading.
+    #[arg(long, default_value_t = 512)]
+    preload_concurrency: usize,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// Give up after this long.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +374,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Ingest(a) => run_ingest(a).await,
         Command::Drain(a) => run_drain(a).await,
         Command::Pg(a) => pg::run(a).await,
+        Command::Backlog(a) => run_backlog(a).await,
         Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
     }
@@ -419,6 +469,33 @@ async fn run_drain(a: DrainArgs) -> anyhow::Result<ExitCode> {
         }))?;
     } else {
         drain::print_table(&settings, &results);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_backlog(a: BacklogArgs) -> anyhow::Result<ExitCode> {
+    let s = drain::BacklogSettings {
+        drain: drain::Settings {
+            events: a.events.max(1),
+            concurrency: a.concurrency.max(1),
+            preload_concurrency: a.preload_concurrency.max(1),
+            body_size: a.body_size,
+            keys: a.keys.max(1),
+            batch_size: a.batch_size.max(1),
+            batch_wait: Duration::from_millis(50),
+            batch_concurrency: a.batch_concurrency.max(1),
+            timeout: a.timeout,
+        },
+        mode: a.mode,
+        window: a.window.max(1),
+        probe_claims: a.probe_claims.max(1),
+        probe_size: a.probe_size.max(1),
+    };
+    let r = drain::run_backlog(&s, &a.store).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "backlog", "result": r }))?;
+    } else {
+        drain::print_backlog(&s, &r);
     }
     Ok(ExitCode::SUCCESS)
 }

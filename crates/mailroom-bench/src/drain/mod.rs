@@ -6,7 +6,10 @@
 //! store handle (own connection pool, writer, completer and `LISTEN`
 //! connection, as two processes would have), sharing this process's CPU.
 
+mod backlog;
 mod report;
+
+pub use backlog::{BacklogSettings, print as print_backlog, run as run_backlog};
 
 pub use report::{print_rounds, print_table};
 
@@ -292,6 +295,8 @@ async fn run_on(
 struct Drained {
     /// Events `done` in the store at the end.
     done: u64,
+    /// When the engines started, and how long until every event was done.
+    started: Instant,
     took: Duration,
     before: Counters,
     after: Counters,
@@ -352,6 +357,7 @@ async fn drain_all(s: &Settings, fresh: &Fresh, all: &[Instance]) -> anyhow::Res
     let peak_rss = rss.await?.sampled_max;
     Ok(Drained {
         done,
+        started,
         took,
         before,
         after,
