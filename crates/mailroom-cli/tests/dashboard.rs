@@ -262,6 +262,14 @@ async fn operate(
         "the error text says what the receiver said: {error}"
     );
     shoot(c, shots, "event-dead").await;
+    c.find(Locator::LinkText("orders")).await?.click().await?;
+    let blocked = text_of(c, "#blocked").await;
+    assert!(
+        blocked.contains("c-42") && blocked.contains(id),
+        "the blocked key and its head: {blocked}"
+    );
+    shoot(c, shots, "topic-blocked").await;
+    c.find(Locator::LinkText(id)).await?.click().await?;
 
     fixed.store(true, Ordering::SeqCst);
     c.find(Locator::Id("replay")).await?.click().await?;

@@ -126,7 +126,11 @@ pub(crate) struct EventRow {
 
 impl EventRow {
     pub(crate) fn new(e: &Event) -> Self {
-        let error = e.last_error.as_deref().unwrap_or("");
+        // A done event's last error is history (its event page shows it).
+        let error = match e.status {
+            Status::Done => "",
+            _ => e.last_error.as_deref().unwrap_or(""),
+        };
         Self {
             id: e.id.to_string(),
             topic: e.topic.clone(),
