@@ -10,6 +10,9 @@
 //!   implementation on this store could reach, as a ratio to `single`.
 //! - `pg`: both of the above on SQLite and on a fresh PostgreSQL database
 //!   with one and with two mailroom instances, side by side.
+//! - `dashboard`: the dashboard's overview, a topic page and the dead
+//!   letters on a store of 1,000,000 events (p50/p99), and intake with and
+//!   without a poller of the overview.
 //! - `amqp`: the AMQP source and the outbox relay beside lapin alone (the
 //!   broker's floor) and a hand-written relay, on one broker, in one run.
 //!
@@ -20,6 +23,7 @@
 mod amqp;
 mod backend;
 mod counting;
+mod dashboard;
 mod drain;
 mod floor;
 mod ingest;
@@ -63,6 +67,9 @@ enum Command {
     /// RabbitMQ: inbound (AMQP source into SQLite) and the relay, beside
     /// lapin alone and a hand-written relay, with ratios.
     Amqp(AmqpArgs),
+    /// The dashboard's pages on a big store (p50/p99), and intake with and
+    /// without a poller of the overview once a second.
+    Dashboard(DashboardArgs),
     /// (internal) mailroom as `mailroom serve` runs it, for `ingest`.
     #[command(name = "__serve", hide = true)]
     Serve(ServeArgs),
@@ -174,6 +181,31 @@ impl DrainSettingsArgs {
             timeout: self.timeout,
         }
     }
+}
+
+#[derive(Debug, Args)]
+struct DashboardArgs {
+    /// `sqlite`, or a PostgreSQL server (a fresh database is created and dropped).
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Events preloaded (pending, over the topics).
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Topics the events are spread over.
+    #[arg(long, default_value_t = 4)]
+    topics: u32,
+    /// Timed requests per page.
+    #[arg(long, default_value_t = 100)]
+    requests: u32,
+    /// Intake window, without and then with the poller.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    intake: Duration,
+    /// Concurrent enqueues (preload and intake).
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -375,6 +407,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Drain(a) => run_drain(a).await,
         Command::Pg(a) => pg::run(a).await,
         Command::Backlog(a) => run_backlog(a).await,
+        Command::Dashboard(a) => run_dashboard(a).await,
         Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
     }
@@ -469,6 +502,23 @@ async fn run_drain(a: DrainArgs) -> anyhow::Result<ExitCode> {
         }))?;
     } else {
         drain::print_table(&settings, &results);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_dashboard(a: DashboardArgs) -> anyhow::Result<ExitCode> {
+    let s = dashboard::Settings {
+        events: a.events,
+        topics: a.topics.max(1),
+        requests: a.requests.max(1),
+        intake: a.intake,
+        concurrency: a.concurrency.max(1),
+    };
+    let r = dashboard::run(&s, &a.store).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "dashboard", "result": r }))?;
+    } else {
+        dashboard::print(&r);
     }
     Ok(ExitCode::SUCCESS)
 }
