@@ -241,6 +241,14 @@ impl Store for CountingStore {
         self.inner.skip(id).await
     }
 
+    async fn cancel(&self, id: EventId) -> mailroom::Result<Event> {
+        self.inner.cancel(id).await
+    }
+
+    async fn cancel_matching(&self, filter: &ListFilter) -> mailroom::Result<u64> {
+        self.inner.cancel_matching(filter).await
+    }
+
     async fn stats(&self) -> mailroom::Result<Vec<TopicStats>> {
         self.inner.stats().await
     }

@@ -86,6 +86,23 @@ pub enum Command {
         #[command(flatten)]
         filter: Filter,
     },
+    /// Withdraw pending events (they become cancelled): one by id, or every pending one matching --topic/--key, after showing how many.
+    Cancel {
+        /// Event id (omit to cancel by filter).
+        id: Option<String>,
+        /// Only this topic's pending events.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this key's pending events.
+        #[arg(long)]
+        key: Option<String>,
+        /// Only show how many pending events match.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask (required when stdin is not a terminal).
+        #[arg(long, short)]
+        yes: bool,
+    },
     /// Mark a dead event skipped so its key unblocks.
     Skip {
         /// Event id.
@@ -120,7 +137,7 @@ pub struct Filter {
     /// Only this topic.
     #[arg(long)]
     pub topic: Option<String>,
-    /// Only this status (pending, running, done, dead, skipped).
+    /// Only this status (pending, running, done, dead, skipped, cancelled).
     #[arg(long)]
     pub status: Option<String>,
     /// Only this key.

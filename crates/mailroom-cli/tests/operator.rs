@@ -150,3 +150,49 @@ async fn json_output_has_the_api_shapes() {
     assert!(!ok);
     assert!(err.contains("is not an event id"), "{err}");
 }
+
+/// `mailroom cancel`: one pending event by id; a running one is refused and
+/// stays running; by filter, the preview counts without changing anything,
+/// in a pipe it refuses without `--yes`, and with it cancels exactly the
+/// pending events of that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_id_and_by_filter_with_a_preview() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = setup(dir.path()).await;
+    let enqueue = |key: &str, n: u32| {
+        engine.enqueue(Draft::json("orders", &serde_json::json!({"n": n})).key(key))
+    };
+    let running = enqueue("a", 0).await.expect("enqueue").id;
+    let claimed = engine.claim("orders", 1, None, "w").await.expect("claim");
+    assert_eq!(claimed[0].event.id, running);
+    let one = enqueue("b", 1).await.expect("enqueue").id.to_string();
+    for n in 2..5 {
+        enqueue("a", n).await.expect("enqueue");
+    }
+
+    let (ok, out, err) = mailroom(dir.path(), &["cancel", &one]);
+    assert!(ok, "{err}");
+    assert!(out.contains("cancelled"), "{out}");
+    let (ok, _, err) = mailroom(dir.path(), &["cancel", &running.to_string()]);
+    assert!(!ok, "a running event cannot be cancelled");
+    assert!(err.contains("running"), "{err}");
+
+    let (ok, out, err) = mailroom(dir.path(), &["--json", "cancel", "--key", "a", "--dry-run"]);
+    assert!(ok, "{err}");
+    let preview: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(preview["matching"], 3, "{out}");
+    assert_eq!(preview["cancelled"], 0, "{out}");
+    let (ok, _, err) = mailroom(dir.path(), &["cancel", "--key", "a"]);
+    assert!(!ok, "no --yes in a pipe");
+    assert!(err.contains("--yes"), "{err}");
+    let (ok, out, err) = mailroom(dir.path(), &["--json", "cancel", "--key", "a", "--yes"]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(report["cancelled"], 3, "{out}");
+
+    let stats = engine.stats().await.expect("stats");
+    let orders = stats.iter().find(|t| t.topic == "orders").expect("orders");
+    assert_eq!(orders.count(mailroom::Status::Cancelled), 4);
+    assert_eq!(orders.count(mailroom::Status::Pending), 0);
+    assert_eq!(orders.count(mailroom::Status::Running), 1);
+}

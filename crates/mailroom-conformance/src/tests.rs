@@ -575,6 +575,135 @@ pub async fn skip_only_from_dead(s: S) {
     assert!(matches!(s.skip(id).await, Err(StoreError::Conflict(_))));
 }
 
+/// `filter` as a search without the search's own filters.
+fn counted(filter: &ListFilter) -> EventSearch {
+    EventSearch {
+        filter: filter.clone(),
+        ..EventSearch::default()
+    }
+}
+
+/// A cancelled event is never claimed, is listed and counted as
+/// `cancelled`, and a replay makes it pending (and claimable) again.
+pub async fn cancel_withdraws_a_pending_event_until_it_is_replayed(s: S) {
+    let id = insert(&s, "orders", "c", None).await;
+    let other = insert(&s, "orders", "o", None).await;
+    let e = s.cancel(id).await.unwrap();
+    assert_eq!(e.status, Status::Cancelled);
+    assert_eq!(ids(&claim(&s, &req("orders", 10)).await), vec![other]);
+    let stats = s.stats().await.unwrap();
+    let orders = stats.iter().find(|t| t.topic == "orders").unwrap();
+    assert_eq!(orders.count(Status::Cancelled), 1);
+    assert_eq!(orders.count(Status::Pending), 0);
+    for topic in [None, Some("orders".to_string())] {
+        let listed = s
+            .list(&ListFilter {
+                topic: topic.clone(),
+                status: Some(Status::Cancelled),
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        let listed: Vec<EventId> = listed.events.iter().map(|e| e.id).collect();
+        assert_eq!(
+            listed,
+            vec![id],
+            "listed as cancelled (topic filter {topic:?})"
+        );
+        let all = s
+            .list(&ListFilter {
+                topic,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert!(all.events.iter().any(|e| e.id == id), "in the full listing");
+    }
+    let cancelled = ListFilter {
+        topic: Some("orders".into()),
+        status: Some(Status::Cancelled),
+        ..ListFilter::default()
+    };
+    assert_eq!(s.count(&counted(&cancelled)).await.unwrap(), 1);
+    let e = s.replay(id, 3).await.unwrap();
+    assert_eq!(e.status, Status::Pending);
+    assert_eq!(ids(&claim(&s, &req("orders", 10)).await), vec![id]);
+}
+
+/// Only a pending event can be cancelled: a running one, a finished one or
+/// a cancelled one is a Conflict that changes nothing; an unknown id is
+/// NotFound.
+pub async fn cancel_refuses_running_and_finished_events(s: S) {
+    let id = insert(&s, "orders", "c", None).await;
+    let c = claim(&s, &req("orders", 1)).await.remove(0);
+    let r = s.cancel(id).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "running: {r:?}");
+    assert_eq!(s.get(id).await.unwrap().unwrap().status, Status::Running);
+    s.complete(id, c.token, Completion::Done).await.unwrap();
+    let r = s.cancel(id).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "done: {r:?}");
+    assert_eq!(s.get(id).await.unwrap().unwrap().status, Status::Done);
+    let again = insert(&s, "orders", "twice", None).await;
+    s.cancel(again).await.unwrap();
+    let r = s.cancel(again).await;
+    assert!(
+        matches!(r, Err(StoreError::Conflict(_))),
+        "cancelled: {r:?}"
+    );
+    let r = s.cancel(EventId::new()).await;
+    assert!(matches!(r, Err(StoreError::NotFound)), "{r:?}");
+}
+
+/// A bulk cancel takes the pending events of the filter only (not running
+/// ones, not other topics or keys), and the count previews it.
+pub async fn cancel_matching_takes_only_matching_pending_events(s: S) {
+    let running = insert(&s, "mail", "r", Some("k1")).await;
+    let c = claim(&s, &req("mail", 1)).await.remove(0);
+    assert_eq!(c.event.id, running);
+    let mut k1 = vec![];
+    for i in 0..3 {
+        k1.push(insert(&s, "mail", &format!("a{i}"), Some("k1")).await);
+    }
+    let k2 = insert(&s, "mail", "b", Some("k2")).await;
+    let elsewhere = insert(&s, "orders", "x", Some("k1")).await;
+    let filter = ListFilter {
+        topic: Some("mail".into()),
+        key: Some("k1".into()),
+        ..ListFilter::default()
+    };
+    let pending = ListFilter {
+        status: Some(Status::Pending),
+        ..filter.clone()
+    };
+    assert_eq!(s.count(&counted(&filter)).await.unwrap(), 4, "running one included");
+    assert_eq!(s.count(&counted(&pending)).await.unwrap(), 3);
+    assert_eq!(s.cancel_matching(&filter).await.unwrap(), 3);
+    for id in &k1 {
+        assert_eq!(s.get(*id).await.unwrap().unwrap().status, Status::Cancelled);
+    }
+    for (id, status) in [
+        (running, Status::Running),
+        (k2, Status::Pending),
+        (elsewhere, Status::Pending),
+    ] {
+        assert_eq!(s.get(id).await.unwrap().unwrap().status, status);
+    }
+    assert_eq!(s.count(&counted(&pending)).await.unwrap(), 0);
+    assert_eq!(s.cancel_matching(&filter).await.unwrap(), 0, "nothing left");
+    s.complete(running, c.token, Completion::Done)
+        .await
+        .unwrap();
+}
+
+/// A cancelled head of a sequential key is out of the key's way.
+pub async fn per_key_cancelled_head_lets_the_next_go(s: S) {
+    let a1 = insert(&s, "seq", "a1", Some("A")).await;
+    let a2 = insert(&s, "seq", "a2", Some("A")).await;
+    let r = seq_req("seq", 10, OnDead::Block);
+    s.cancel(a1).await.unwrap();
+    assert_eq!(ids(&claim(&s, &r).await), vec![a2]);
+}
+
 /// Sequential claims: a key's events go one at a time, in arrival order, each only after the previous is done.
 pub async fn per_key_claims_one_at_a_time_in_arrival_order(s: S) {
     let a1 = insert(&s, "seq", "a1", Some("A")).await;

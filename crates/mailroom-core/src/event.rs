@@ -9,6 +9,7 @@
 //!                      │
 //!                      └ attempts exhausted / permanent failure ──► dead
 //! dead ──replay──► pending          dead ──skip──► skipped (sequential topics)
+//! pending ──cancel──► cancelled ──replay──► pending
 //! ```
 
 use bytes::Bytes;
@@ -94,16 +95,19 @@ pub enum Status {
     Dead,
     /// A dead head of a sequential key that an operator chose to skip.
     Skipped,
+    /// A pending event an operator withdrew before it ran.
+    Cancelled,
 }
 
 impl Status {
     /// Every status, in display order.
-    pub const ALL: [Status; 5] = [
+    pub const ALL: [Status; 6] = [
         Status::Pending,
         Status::Running,
         Status::Done,
         Status::Dead,
         Status::Skipped,
+        Status::Cancelled,
     ];
 
     /// The lowercase name used in APIs, SQL and the CLI.
@@ -114,6 +118,7 @@ impl Status {
             Status::Done => "done",
             Status::Dead => "dead",
             Status::Skipped => "skipped",
+            Status::Cancelled => "cancelled",
         }
     }
 }
@@ -131,7 +136,7 @@ impl FromStr for Status {
             .into_iter()
             .find(|st| st.as_str() == s)
             .ok_or_else(|| {
-                format!("unknown status {s:?} (expected pending, running, done, dead or skipped)")
+                format!("unknown status {s:?} (expected pending, running, done, dead, skipped or cancelled)")
             })
     }
 }

@@ -158,7 +158,7 @@ impl TopicStats {
 pub struct Retention {
     /// Drop payloads of `done`/`skipped` events received before now − this.
     pub done: Duration,
-    /// Drop payloads of `dead` events received before now − this.
+    /// Drop payloads of `dead` and `cancelled` events received before now − this.
     pub dead: Duration,
     /// Delete finished rows entirely (ending dedup for their keys) before now − this.
     pub dedup: Duration,
@@ -344,6 +344,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Marks a `dead` event `skipped` so its key unblocks; any other status
     /// is a [`Conflict`](crate::StoreError::Conflict).
     async fn skip(&self, id: EventId) -> Result<Event>;
+
+    /// Withdraws a `pending` event: it becomes `cancelled` (final; listed,
+    /// counted and replayable like a dead one). A `running` event, or one
+    /// in any other status, is a [`Conflict`](crate::StoreError::Conflict)
+    /// that changes nothing.
+    async fn cancel(&self, id: EventId) -> Result<Event>;
+
+    /// [`cancel`](Store::cancel) for every `pending` event matching `filter`
+    /// (its `status`, `limit` and `cursor` are ignored); how many.
+    async fn cancel_matching(&self, filter: &ListFilter) -> Result<u64>;
 
     // Maintenance.
 

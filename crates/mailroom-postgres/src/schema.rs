@@ -272,6 +272,13 @@ const MIGRATIONS: &[&str] = &[
         WHERE e.source = 'outbox' AND e.dedup_key = COALESCE($6, $1::text);
     $$;
     "#,
+    // 8: the statuses of SPEC §13, `cancelled` (withdrawn by an operator)
+    // and `expired` (older than the topic's expire_after): final like dead.
+    r#"
+    ALTER TABLE mailroom.events DROP CONSTRAINT events_status_check;
+    ALTER TABLE mailroom.events ADD CONSTRAINT events_status_check CHECK
+        (status IN ('pending', 'running', 'done', 'dead', 'skipped', 'cancelled', 'expired'));
+    "#,
 ];
 
 /// Applies the missing migrations in one transaction that first takes

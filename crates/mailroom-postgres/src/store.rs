@@ -281,6 +281,14 @@ impl Store for PostgresStore {
         sql::skip(self.pool_ref(), id).await
     }
 
+    async fn cancel(&self, id: EventId) -> Result<Event> {
+        sql::cancel(self.pool_ref(), id).await
+    }
+
+    async fn cancel_matching(&self, filter: &ListFilter) -> Result<u64> {
+        sql::cancel_matching(self.pool_ref(), filter).await
+    }
+
     async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>> {
         sql::attempt_window(self.pool_ref(), window).await
     }

@@ -4,7 +4,7 @@ use crate::AppState;
 use crate::problem::Problem;
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use mailroom::answer::{EventList, EventObject, StatsAnswer};
+use mailroom::answer::{CancelReport, EventList, EventObject, StatsAnswer};
 use mailroom::{KeyCursor, ListFilter, ReplayReport, Status};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -19,7 +19,9 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(show))
         .routes(routes!(replay))
         .routes(routes!(skip))
+        .routes(routes!(cancel))
         .routes(routes!(replay_matching))
+        .routes(routes!(cancel_matching))
         .routes(routes!(stats))
 }
 
@@ -97,6 +99,45 @@ async fn replay(State(s): State<AppState>, Path(id): Path<String>) -> Result<Jso
 async fn skip(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s.engine.skip(id.parse()?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
+}
+
+/// Withdraws a pending event: it becomes `cancelled` and is not run unless
+/// replayed. A running event, or one already finished, is a 409.
+#[utoipa::path(post, path = "/events/{id}/cancel", tag = "operator", params(("id" = String, Path, description = "Event id")),
+    responses((status = 200, description = "The cancelled event", body = EventObject)))]
+async fn cancel(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
+    let event = s.engine.cancel(id.parse()?).await?;
+    Ok(Json(json!(EventObject::summary(&event))))
+}
+
+/// Body of `POST /v1/cancel`: which pending events to cancel.
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Only this topic's events.
+    topic: Option<String>,
+    /// Only this key's events.
+    key: Option<String>,
+    /// Only count the matching pending events (the preview).
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Cancels every pending event that matches the filter, or with `dry_run`
+/// counts them.
+#[utoipa::path(post, path = "/cancel", tag = "operator", request_body(content = Option<CancelBody>),
+    responses((status = 200, description = "How many matched and were cancelled", body = CancelReport)))]
+async fn cancel_matching(
+    State(s): State<AppState>,
+    body: Option<Json<CancelBody>>,
+) -> Result<Json<CancelReport>, Problem> {
+    let b = body.map(|Json(b)| b).unwrap_or_default();
+    let filter = ListFilter {
+        topic: b.topic,
+        key: b.key,
+        ..ListFilter::default()
+    };
+    Ok(Json(s.engine.cancel_matching(&filter, b.dry_run).await?))
 }
 
 /// Body of `POST /v1/replay`: which events to replay (default: dead ones).

@@ -4,13 +4,20 @@
 //! named plainly; times are INTEGER milliseconds since the Unix epoch.
 
 use crate::sql::db;
-use mailroom_core::Result;
+use mailroom_core::{Result, StoreError};
 use rusqlite::Connection;
 
+/// A migration: SQL, or a step that needs Rust around its SQL.
+enum Migration {
+    Sql(&'static str),
+    Code(fn(&Connection) -> Result<()>),
+}
+use Migration::{Code, Sql};
+
 /// Migration `n` is `MIGRATIONS[n - 1]`. Append only; never edit a shipped one.
-const MIGRATIONS: &[&str] = &[
+const MIGRATIONS: &[Migration] = &[
     // 1: events and their attempt history.
-    "
+    Sql("
     CREATE TABLE events (
         seq             INTEGER PRIMARY KEY AUTOINCREMENT, -- arrival (= commit) order
         id              TEXT    NOT NULL UNIQUE,           -- UUIDv7
@@ -54,7 +61,7 @@ const MIGRATIONS: &[&str] = &[
         worker      TEXT,
         PRIMARY KEY (event_seq, attempt)
     ) WITHOUT ROWID;
-    ",
+    "),
     // 2: an event changes status twice on its way to done; keep each change
     // cheap. A row is in an index whose WHERE names its status only while it
     // has that status, so a status change moves just the entries of the two
@@ -66,7 +73,7 @@ const MIGRATIONS: &[&str] = &[
     // different page for every key. Running and dead rows of a key have
     // their own indexes. `stats` counts each status from its index
     // (done = all − the others).
-    "
+    Sql("
     DROP INDEX events_claim;
     DROP INDEX events_open_keys;
     CREATE INDEX events_pending ON events (topic, seq, next_attempt_at, key)
@@ -76,12 +83,20 @@ const MIGRATIONS: &[&str] = &[
     -- Every event by topic (and seq, the rowid): per-topic totals and listings.
     CREATE INDEX events_topic ON events (topic);
     CREATE INDEX events_settled ON events (topic, status) WHERE status IN ('dead', 'skipped');
-    ",
+    "),
     // 3: the attempts of the last minutes, for the failure_rate and
     // processing_time alerts (finished_at only grows: appends at the end).
-    "
+    Sql("
     CREATE INDEX attempts_finished ON attempts (finished_at);
-    ",
+    "),
+    // 4: the statuses of SPEC §13, `cancelled` (withdrawn by an operator)
+    // and `expired` (older than the topic's expire_after). Only the CHECK on
+    // status changes, and it only widens, so the stored rows stay as they
+    // are: SQLite's documented in-place edit of the table's definition
+    // (sqlite.org/lang_altertable.html, "otherwise" procedure), not a copy
+    // of the whole table. Their counts come from an index of their own, as
+    // dead and skipped ones do.
+    Code(widen_status_check),
 ];
 
 /// Applies the missing migrations. Runs on the writer thread inside its
@@ -107,14 +122,66 @@ pub(crate) fn migrate(conn: &Connection, now_ms: i64) -> Result<()> {
         if version <= current {
             continue;
         }
-        conn.execute_batch(sql)
-            .map_err(db("applying a schema migration"))?;
+        match sql {
+            Sql(sql) => conn
+                .execute_batch(sql)
+                .map_err(db("applying a schema migration"))?,
+            Code(step) => step(conn)?,
+        }
         conn.execute(
             "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
             (version, now_ms),
         )
         .map_err(db("recording a schema migration"))?;
         tracing::info!(version, "applied SQLite schema migration");
+    }
+    Ok(())
+}
+
+/// Migration 4: `events.status` may also be `cancelled` or `expired`.
+fn widen_status_check(conn: &Connection) -> Result<()> {
+    const CTX: &str = "widening events.status";
+    const OLD: &str = "CHECK (status IN ('pending', 'running', 'done', 'dead', 'skipped'))";
+    const NEW: &str = "CHECK (status IN ('pending', 'running', 'done', 'dead', 'skipped', 'cancelled', 'expired'))";
+    let version: i64 = conn
+        .query_row("PRAGMA schema_version", [], |r| r.get(0))
+        .map_err(db(CTX))?;
+    conn.execute_batch("PRAGMA writable_schema = ON")
+        .map_err(db(CTX))?;
+    let edited = conn.execute(
+        "UPDATE sqlite_schema SET sql = replace(sql, ?1, ?2) WHERE type = 'table' AND name = 'events'",
+        (OLD, NEW),
+    );
+    // Every connection re-reads the schema when its version changes.
+    let bumped = conn.execute_batch(&format!("PRAGMA schema_version = {}", version + 1));
+    conn.execute_batch("PRAGMA writable_schema = OFF")
+        .map_err(db(CTX))?;
+    edited.map_err(db(CTX))?;
+    bumped.map_err(db(CTX))?;
+    let widened: bool = conn
+        .query_row(
+            "SELECT instr(sql, ?1) > 0 FROM sqlite_schema WHERE type = 'table' AND name = 'events'",
+            [NEW],
+            |r| r.get(0),
+        )
+        .map_err(db(CTX))?;
+    if !widened {
+        return Err(StoreError::Corrupt(
+            "events.status: its CHECK constraint is not the one mailroom created".into(),
+        ));
+    }
+    conn.execute_batch(
+        "CREATE INDEX events_withdrawn ON events (topic, status)
+             WHERE status IN ('cancelled', 'expired')",
+    )
+    .map_err(db(CTX))?;
+    let ok: String = conn
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(db(CTX))?;
+    if ok != "ok" {
+        return Err(StoreError::Corrupt(format!(
+            "the database is not sound after widening events.status: {ok}"
+        )));
     }
     Ok(())
 }

@@ -225,6 +225,17 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn cancel(&self, id: EventId) -> Result<Event> {
+        self.write(WhenFull::Wait, move |c, _| sql::cancel(c, id))
+            .await
+    }
+
+    async fn cancel_matching(&self, filter: &ListFilter) -> Result<u64> {
+        let filter = filter.clone();
+        self.write(WhenFull::Wait, move |c, _| sql::cancel_matching(c, &filter))
+            .await
+    }
+
     async fn stats(&self) -> Result<Vec<TopicStats>> {
         self.read(sql::stats).await
     }

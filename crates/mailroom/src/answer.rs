@@ -162,6 +162,17 @@ impl<'a> EventList<'a> {
     }
 }
 
+/// What a bulk cancel did, or would do (`dry_run`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CancelReport {
+    /// Pending events that matched the filter when it was read.
+    pub matching: u64,
+    /// Events cancelled (0 on a dry run; may be fewer than `matching` if
+    /// some started meanwhile).
+    pub cancelled: u64,
+}
+
 /// Numbers per topic and the alerts firing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -69,6 +69,12 @@ impl Store for Stalled {
     async fn skip(&self, _: EventId) -> R<Event> {
         down()
     }
+    async fn cancel(&self, _: EventId) -> R<Event> {
+        down()
+    }
+    async fn cancel_matching(&self, _: &ListFilter) -> R<u64> {
+        down()
+    }
     async fn rescue_expired(&self) -> R<u64> {
         Ok(0)
     }

@@ -4,6 +4,7 @@
 //! Errors carry context (`anyhow`); the library crates stay typed.
 
 mod amqp;
+mod cancel;
 mod config;
 mod events;
 mod migrate;
@@ -30,6 +31,21 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Events { command } => events::run(&cli, command, json).await?,
         Command::Replay { id, filter } => replay::run(&cli, id.as_deref(), filter, json).await?,
         Command::Skip { id } => skip::run(&cli, id, json).await?,
+        Command::Cancel {
+            id,
+            topic,
+            key,
+            dry_run,
+            yes,
+        } => {
+            let how = cancel::Bulk {
+                topic: topic.clone(),
+                key: key.clone(),
+                dry_run: *dry_run,
+                yes: *yes,
+            };
+            cancel::run(&cli, id.as_deref(), how, json).await?
+        }
         Command::Purge { older_than } => purge::run(&cli, older_than, json).await?,
         Command::Config { command } => config::run(&cli, command, json)?,
         Command::Amqp { command } => amqp::run(&cli, command, json).await?,

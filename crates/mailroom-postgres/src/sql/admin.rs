@@ -1,6 +1,7 @@
 //! Admin: an operator's writes, replaying events (one, or every match of a
-//! filter) and skipping a dead one so its key unblocks; and the searches
-//! an operator runs for them (error text, time range).
+//! filter), skipping a dead one so its key unblocks, and cancelling pending
+//! ones (one, or every match); and the searches an operator runs for them
+//! (error text, time range).
 
 use super::rows::{DEFAULT_LIMIT, MAX_LIMIT, cursor_seq, event_by_id, get};
 use super::{db, events_from_rows};
@@ -255,4 +256,82 @@ pub(crate) async fn count_matching(pool: &PgPool, search: &EventSearch) -> Resul
         .map_err(db("counting events"))
         .and_then(|r| Ok((super::col(&r, 0)?,)))?;
     Ok(row.0.unsigned_abs())
+}
+
+/// Marks a pending event `cancelled`; its queue row goes. The queue row is
+/// locked first, as claims lock it: a cancel racing a claim waits for it
+/// and then finds the event running.
+pub(crate) async fn cancel(pool: &PgPool, id: EventId) -> Result<Event> {
+    const CTX: &str = "cancelling an event";
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    lock_queue_row(&mut tx, id).await?;
+    let changed: i64 = sqlx::query_scalar(
+        "WITH cancelled AS (
+             UPDATE mailroom.events SET status = 'cancelled', next_attempt_at = NULL
+             WHERE id = $1::text::uuid AND status = 'pending'
+             RETURNING seq
+         ), dequeued AS (
+             DELETE FROM mailroom.queue q USING cancelled c WHERE q.seq = c.seq
+         )
+         SELECT count(*) FROM cancelled",
+    )
+    .bind(id.to_string())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
+    if changed == 0 {
+        return Err(refused(pool, id, |e| match e.status {
+            Status::Running => StoreError::Conflict(format!(
+                "event {id} is running and cannot be cancelled; its attempt decides"
+            )),
+            other => StoreError::Conflict(format!(
+                "only pending events can be cancelled; event {id} is {other}"
+            )),
+        })
+        .await);
+    }
+    get(pool, id).await?.ok_or(StoreError::NotFound)
+}
+
+/// The pending queue rows of `$1` topic and `$2` key.
+macro_rules! pending_matching {
+    () => {
+        "FROM mailroom.queue q
+         WHERE q.state = 'pending'
+           AND ($1::text IS NULL OR q.topic = $1)
+           AND ($2::text IS NULL OR q.key = $2)"
+    };
+}
+
+/// [`cancel`] for every pending event matching `filter` (its status
+/// aside), their queue rows locked first.
+pub(crate) async fn cancel_matching(pool: &PgPool, filter: &ListFilter) -> Result<u64> {
+    const CTX: &str = "cancelling events";
+    let mut tx = pool.begin().await.map_err(db(CTX))?;
+    sqlx::query(concat!("SELECT q.seq ", pending_matching!(), " FOR UPDATE OF q"))
+        .bind(filter.topic.as_deref())
+        .bind(filter.key.as_deref())
+        .execute(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
+    let cancelled: i64 = sqlx::query_scalar(concat!(
+        "WITH matching AS (SELECT q.seq ",
+        pending_matching!(),
+        "), cancelled AS (
+             UPDATE mailroom.events e SET status = 'cancelled', next_attempt_at = NULL
+             FROM matching m WHERE e.seq = m.seq AND e.status = 'pending'
+             RETURNING e.seq
+         ), dequeued AS (
+             DELETE FROM mailroom.queue q USING cancelled c WHERE q.seq = c.seq
+         )
+         SELECT count(*) FROM cancelled"
+    ))
+    .bind(filter.topic.as_deref())
+    .bind(filter.key.as_deref())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
+    tx.commit().await.map_err(db(CTX))?;
+    Ok(cancelled.unsigned_abs())
 }

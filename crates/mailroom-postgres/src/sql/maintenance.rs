@@ -114,7 +114,7 @@ async fn drop_payloads(pool: &PgPool, done_before: i64, dead_before: i64) -> Res
                  WHERE payload IS NOT NULL
                    AND ((status IN ('done', 'skipped')
                          AND received_at < timestamptz 'epoch' + $1 * interval '1 microsecond')
-                     OR (status = 'dead'
+                     OR (status IN ('dead', 'cancelled', 'expired')
                          AND received_at < timestamptz 'epoch' + $2 * interval '1 microsecond'))
                  LIMIT $3 FOR UPDATE SKIP LOCKED)",
         )

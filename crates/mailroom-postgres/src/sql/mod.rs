@@ -56,7 +56,9 @@ mod plans;
 mod rows;
 mod stats;
 
-pub(crate) use admin::{count_matching, replay, replay_matching, search, skip};
+pub(crate) use admin::{
+    cancel, cancel_matching, count_matching, replay, replay_matching, search, skip,
+};
 pub(crate) use claims::{
     Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, claim_order, next_due,
 };

@@ -142,6 +142,12 @@ impl Store for Wrapped {
     async fn skip(&self, id: EventId) -> StoreResult<Event> {
         self.inner.skip(id).await
     }
+    async fn cancel(&self, id: EventId) -> StoreResult<Event> {
+        self.inner.cancel(id).await
+    }
+    async fn cancel_matching(&self, filter: &ListFilter) -> StoreResult<u64> {
+        self.inner.cancel_matching(filter).await
+    }
     async fn stats(&self) -> StoreResult<Vec<TopicStats>> {
         self.inner.stats().await
     }

@@ -280,3 +280,93 @@ async fn keyless_events_in_a_sequential_topic_are_refused_on_both_doors() {
         .await;
     assert_eq!(server.events_of("orders").await.len(), 2);
 }
+
+/// `POST /v1/events/{id}/cancel` withdraws a pending event (shown as
+/// `cancelled` in the event, the list and the stats) and answers 409 for a
+/// running one; `POST /v1/cancel` previews with `dry_run`, then cancels the
+/// pending events of the filter only; a replay makes a cancelled event
+/// pending again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_one_and_by_filter_with_a_preview() {
+    let server = start(|store| {
+        Engine::builder(store)
+            .topic(TopicSpec::new("parked"))
+            .source(SourceSpec::new("parked", "parked"))
+    })
+    .await;
+    let first = server.accept("parked", "p-0", &json!({"i": 0})).await;
+    let mut rest = vec![];
+    for i in 1..4 {
+        rest.push(
+            server
+                .accept("parked", &format!("p-{i}"), &json!({"i": i}))
+                .await,
+        );
+    }
+    let claimed = server
+        .engine
+        .claim("parked", 1, None, "w")
+        .await
+        .expect("claim");
+    assert_eq!(claimed[0].event.id.to_string(), first);
+
+    let resp = server
+        .http
+        .post(server.url(&format!("/v1/events/{first}/cancel")))
+        .send()
+        .await
+        .expect("POST cancel");
+    expect_problem(resp, 409).await;
+    let e = server
+        .post_json(&format!("/v1/events/{}/cancel", rest[0]))
+        .await;
+    assert_eq!(e["status"], "cancelled", "{e}");
+    let resp = server
+        .http
+        .post(server.url(&format!("/v1/events/{}/cancel", rest[0])))
+        .send()
+        .await
+        .expect("POST cancel again");
+    expect_problem(resp, 409).await;
+
+    let bulk = |body: Value| {
+        server
+            .http
+            .post(server.url("/v1/cancel"))
+            .json(&body)
+            .send()
+    };
+    let preview: Value = bulk(json!({"topic": "parked", "dry_run": true}))
+        .await
+        .expect("preview")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(preview, json!({"matching": 2, "cancelled": 0}));
+    let report: Value = bulk(json!({"topic": "parked"}))
+        .await
+        .expect("cancel")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(report, json!({"matching": 2, "cancelled": 2}));
+
+    let list = server
+        .get_json("/v1/events?topic=parked&status=cancelled")
+        .await;
+    assert_eq!(ids(&list["events"]).len(), 3, "{list}");
+    let stats = server.get_json("/v1/stats").await;
+    let parked = stats["topics"]
+        .as_array()
+        .expect("topics")
+        .iter()
+        .find(|t| t["topic"] == "parked")
+        .expect("parked")
+        .clone();
+    assert_eq!(parked["counts"]["cancelled"], 3, "{parked}");
+    assert_eq!(parked["counts"]["running"], 1, "{parked}");
+    let again = server
+        .post_json(&format!("/v1/events/{}/replay", rest[1]))
+        .await;
+    assert_eq!(again["status"], "pending", "{again}");
+}

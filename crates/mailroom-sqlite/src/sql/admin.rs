@@ -1,5 +1,6 @@
 //! Admin: an operator's writes, replaying events (one, or every match of a
-//! filter) and skipping a dead one so its key unblocks.
+//! filter), skipping a dead one so its key unblocks, and cancelling pending
+//! ones (one, or every match); and the count that previews a bulk one.
 
 use super::db;
 use super::rows::{event_by_id, filter_sql, get};
@@ -90,3 +91,53 @@ pub(crate) fn skip(conn: &Connection, id: EventId) -> Result<Event> {
         .map_err(db("skipping an event"))?;
     get(conn, id)?.ok_or(StoreError::NotFound)
 }
+
+/// Marks a pending event `cancelled`.
+pub(crate) fn cancel(conn: &Connection, id: EventId) -> Result<Event> {
+    const CTX: &str = "cancelling an event";
+    let Some((seq, event)) = event_by_id(conn, id)? else {
+        return Err(StoreError::NotFound);
+    };
+    match event.status {
+        Status::Pending => {}
+        Status::Running => {
+            return Err(StoreError::Conflict(format!(
+                "event {id} is running and cannot be cancelled; its attempt decides"
+            )));
+        }
+        other => {
+            return Err(StoreError::Conflict(format!(
+                "only pending events can be cancelled; event {id} is {other}"
+            )));
+        }
+    }
+    conn.prepare_cached(
+        "UPDATE events SET status = 'cancelled', next_attempt_at = NULL
+         WHERE seq = ?1 AND status = 'pending'",
+    )
+    .map_err(db(CTX))?
+    .execute([seq])
+    .map_err(db(CTX))?;
+    get(conn, id)?.ok_or(StoreError::NotFound)
+}
+
+/// [`cancel`] for every pending event matching `filter` (its status aside).
+pub(crate) fn cancel_matching(conn: &Connection, filter: &ListFilter) -> Result<u64> {
+    const CTX: &str = "cancelling events";
+    let filter = ListFilter {
+        status: None,
+        ..filter.clone()
+    };
+    let (cond, params) = filter_sql(&filter);
+    let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
+    let cancelled = conn
+        .prepare_cached(&format!(
+            "UPDATE events SET status = 'cancelled', next_attempt_at = NULL
+             WHERE status = 'pending'{cond}"
+        ))
+        .map_err(db(CTX))?
+        .execute(&refs[..])
+        .map_err(db(CTX))?;
+    Ok(cancelled as u64)
+}
+

@@ -55,7 +55,7 @@ pub(crate) fn purge_step(
             "UPDATE events SET payload = NULL
              WHERE seq > ?1 AND seq <= ?2 AND payload IS NOT NULL
                AND ((status IN ('done', 'skipped') AND received_at < ?3)
-                 OR (status = 'dead' AND received_at < ?4))",
+                 OR (status IN ('dead', 'cancelled', 'expired') AND received_at < ?4))",
         )
         .map_err(db(CTX))?
         .execute((from, to, done_before, dead_before))

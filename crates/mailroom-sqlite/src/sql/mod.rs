@@ -32,7 +32,7 @@ mod maintenance;
 mod rows;
 mod stats;
 
-pub(crate) use admin::{replay, replay_matching, skip};
+pub(crate) use admin::{cancel, cancel_matching, replay, replay_matching, skip};
 pub(crate) use claims::{claim, next_due};
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use maintenance::{purge_step, rescue_expired};

@@ -71,6 +71,11 @@ fn counts(conn: &Connection) -> Result<BTreeMap<String, TopicStats>> {
         "SELECT topic, status, COUNT(*) FROM events
          WHERE status IN ('dead', 'skipped') GROUP BY topic, status",
     )?);
+    parts.extend(count_by(
+        conn,
+        "SELECT topic, status, COUNT(*) FROM events
+         WHERE status IN ('cancelled', 'expired') GROUP BY topic, status",
+    )?);
     let mut by_topic: BTreeMap<String, TopicStats> = totals
         .into_iter()
         .map(|(topic, _, total)| {

@@ -165,6 +165,48 @@ impl Engine {
         Ok(e)
     }
 
+    /// Cancels a pending event (SPEC §13): it becomes `cancelled` and is
+    /// never run unless replayed. A running one is a conflict.
+    pub async fn cancel(&self, id: EventId) -> Result<Event, StoreError> {
+        let e = self.inner.store.cancel(id).await?;
+        // A cancelled head of a sequential key lets the next event go.
+        self.wake(&e.topic);
+        Ok(e)
+    }
+
+    /// Cancels every pending event matching `filter` (its status aside),
+    /// or with `dry_run` only counts them.
+    pub async fn cancel_matching(
+        &self,
+        filter: &ListFilter,
+        dry_run: bool,
+    ) -> Result<crate::answer::CancelReport, StoreError> {
+        let pending = ListFilter {
+            status: Some(mailroom_core::Status::Pending),
+            ..filter.clone()
+        };
+        let preview = EventSearch {
+            filter: pending.clone(),
+            ..EventSearch::default()
+        };
+        let matching = self.inner.store.count(&preview).await?;
+        if dry_run || matching == 0 {
+            return Ok(crate::answer::CancelReport {
+                matching,
+                cancelled: 0,
+            });
+        }
+        let cancelled = self.inner.store.cancel_matching(&pending).await?;
+        match &filter.topic {
+            Some(t) => self.wake(t),
+            None => self.inner.topics.values().for_each(|t| t.wake.notify_one()),
+        }
+        Ok(crate::answer::CancelReport {
+            matching,
+            cancelled,
+        })
+    }
+
     fn budget(&self, topic: &str) -> u32 {
         self.inner
             .topics
