@@ -675,7 +675,11 @@ pub async fn cancel_matching_takes_only_matching_pending_events(s: S) {
         status: Some(Status::Pending),
         ..filter.clone()
     };
-    assert_eq!(s.count(&counted(&filter)).await.unwrap(), 4, "running one included");
+    assert_eq!(
+        s.count(&counted(&filter)).await.unwrap(),
+        4,
+        "running one included"
+    );
     assert_eq!(s.count(&counted(&pending)).await.unwrap(), 3);
     assert_eq!(s.cancel_matching(&filter).await.unwrap(), 3);
     for id in &k1 {

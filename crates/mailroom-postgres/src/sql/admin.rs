@@ -309,12 +309,16 @@ macro_rules! pending_matching {
 pub(crate) async fn cancel_matching(pool: &PgPool, filter: &ListFilter) -> Result<u64> {
     const CTX: &str = "cancelling events";
     let mut tx = pool.begin().await.map_err(db(CTX))?;
-    sqlx::query(concat!("SELECT q.seq ", pending_matching!(), " FOR UPDATE OF q"))
-        .bind(filter.topic.as_deref())
-        .bind(filter.key.as_deref())
-        .execute(&mut *tx)
-        .await
-        .map_err(db(CTX))?;
+    sqlx::query(concat!(
+        "SELECT q.seq ",
+        pending_matching!(),
+        " FOR UPDATE OF q"
+    ))
+    .bind(filter.topic.as_deref())
+    .bind(filter.key.as_deref())
+    .execute(&mut *tx)
+    .await
+    .map_err(db(CTX))?;
     let cancelled: i64 = sqlx::query_scalar(concat!(
         "WITH matching AS (SELECT q.seq ",
         pending_matching!(),

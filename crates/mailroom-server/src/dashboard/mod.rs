@@ -4,7 +4,7 @@
 //! from elsewhere, at build or at run time.
 //!
 //! - [`pages`]: the overview (`/`), a topic (`/ui/topics/{topic}`), an
-//!   event (`/ui/events/{id}`) and its replay and skip buttons.
+//!   event (`/ui/events/{id}`) and its replay, skip and cancel buttons.
 //! - [`dead`]: dead letters across topics (`/ui/dead`) and bulk replay run
 //!   as a job whose progress a page shows (`/ui/jobs/{id}`).
 //! - [`session`]: login with the API token, server-side sessions in an
@@ -57,6 +57,7 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
         .route("/ui/events/{id}", guard(get(pages::event)))
         .route("/ui/events/{id}/replay", guard(post(pages::replay)))
         .route("/ui/events/{id}/skip", guard(post(pages::skip)))
+        .route("/ui/events/{id}/cancel", guard(post(pages::cancel)))
         .route("/ui/dead", guard(get(dead::page)))
         .route("/ui/dead/replay", guard(post(dead::start)))
         .route("/ui/jobs/{id}", guard(get(dead::job)))

@@ -296,6 +296,7 @@ struct EventPage {
     history: Vec<AttemptRow>,
     can_replay: bool,
     can_skip: bool,
+    can_cancel: bool,
     flash: String,
 }
 
@@ -307,7 +308,7 @@ pub(crate) struct EventQuery {
 }
 
 /// `GET /ui/events/{id}`: the envelope, the payload (pretty JSON, else
-/// base64), the attempt history, and the replay and skip buttons.
+/// base64), the attempt history, and the replay, skip and cancel buttons.
 pub(crate) async fn event(
     State(s): State<AppState>,
     Extension(session): Extension<Session>,
@@ -343,9 +344,11 @@ pub(crate) async fn event(
         history: e.history.iter().rev().map(attempt_row).collect(),
         can_replay: e.status != Status::Running && e.payload.is_some(),
         can_skip: e.status == Status::Dead,
+        can_cancel: e.status == Status::Pending,
         flash: match q.done.as_str() {
             "replay" => "Replayed: the event is pending again.".to_owned(),
             "skip" => "Skipped: its key is unblocked.".to_owned(),
+            "cancel" => "Cancelled: it will not run unless replayed.".to_owned(),
             _ => String::new(),
         },
     };
@@ -415,4 +418,16 @@ pub(crate) async fn skip(
         .map_err(|_| PageError::NotFound("no such event"))?;
     s.engine.skip(id).await?;
     Ok(Redirect::to(&format!("/ui/events/{id}?done=skip")).into_response())
+}
+
+/// `POST /ui/events/{id}/cancel`: a pending event withdrawn.
+pub(crate) async fn cancel(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
+    let id: EventId = id
+        .parse()
+        .map_err(|_| PageError::NotFound("no such event"))?;
+    s.engine.cancel(id).await?;
+    Ok(Redirect::to(&format!("/ui/events/{id}?done=cancel")).into_response())
 }

@@ -145,6 +145,7 @@ async fn without_a_session_every_page_and_action_is_refused() {
     let actions = [
         format!("/ui/events/{dead}/replay"),
         format!("/ui/events/{dead}/skip"),
+        format!("/ui/events/{dead}/cancel"),
         "/ui/dead/replay".to_owned(),
         "/ui/logout".to_owned(),
     ];
@@ -528,5 +529,55 @@ async fn dead_letters_replay_all_matching_with_progress() {
     reaches(&s, &a, "done").await;
     reaches(&s, &b, "done").await;
     assert_eq!(status(&s, &c).await, "dead", "another topic's event stays");
+    s.stop().await;
+}
+
+/// A pending event's page offers Cancel (a dead one's does not); pressing
+/// it, with the session and its CSRF token, cancels the event; a second
+/// press answers 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_event_can_be_cancelled_from_its_page() {
+    let s = server(&[], Arc::default()).await;
+    let dead = dead_event(&s, "work", "w-1", "c1").await;
+    // Blocked behind its key's dead head: pending until someone acts.
+    let waiting = s
+        .accept("work", "w-2", &json!({"customer": "c1", "n": 2}))
+        .await;
+    let http = client();
+    let dead_page = http
+        .get(s.url(&format!("/ui/events/{dead}")))
+        .send()
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        !dead_page.contains(r#"id="cancel""#),
+        "no Cancel on a dead event"
+    );
+    let page = http
+        .get(s.url(&format!("/ui/events/{waiting}")))
+        .send()
+        .await
+        .expect("GET");
+    let session = session_cookie(&page).expect("a session");
+    let html = page.text().await.expect("html");
+    assert!(html.contains(r#"id="cancel""#), "Cancel on a pending event");
+    let csrf = csrf_of(&html);
+    let press = || {
+        http.post(s.url(&format!("/ui/events/{waiting}/cancel")))
+            .header("origin", &s.base)
+            .header("cookie", format!("mailroom_session={session}"))
+            .form(&[("csrf", &csrf)])
+            .send()
+    };
+    assert_eq!(press().await.expect("POST").status(), 303);
+    assert_eq!(status(&s, &waiting).await, "cancelled");
+    assert_eq!(
+        press().await.expect("POST").status(),
+        409,
+        "already cancelled"
+    );
     s.stop().await;
 }

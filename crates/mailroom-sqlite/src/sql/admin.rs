@@ -140,4 +140,3 @@ pub(crate) fn cancel_matching(conn: &Connection, filter: &ListFilter) -> Result<
         .map_err(db(CTX))?;
     Ok(cancelled as u64)
 }
-
