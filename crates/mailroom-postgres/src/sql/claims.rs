@@ -112,6 +112,19 @@ pub(super) const CLAIM_FROM: &str = claim_update!(claim_selection!(
     "c.topic, -c.priority, c.seq"
 ));
 
+/// "Row `e` is pending", for rows found by `seq`: checked again on the
+/// newest version when `FOR UPDATE` waited for or skipped a concurrent
+/// claim. Spelled so that it does not match `queue_claim`'s predicate
+/// (`state = 'pending'`): with that, the planner could fetch the rows by
+/// `seq` through `queue_claim`, whose `seq` is its last column, walking
+/// the topic's whole index once per row (630 ms for 1,024 rows of a
+/// 15,000-event backlog) instead of one probe of the primary key each.
+macro_rules! pending_by_seq {
+    () => {
+        "COALESCE(e.state, '') = 'pending'"
+    };
+}
+
 /// Sequential topics, step 1: the candidate heads (on this statement's
 /// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
 /// `$3` lock class, `$4` window.
@@ -134,7 +147,9 @@ macro_rules! claim_candidates {
              ), candidates AS MATERIALIZED (
                  SELECT e.seq, e.key FROM mailroom.queue e
                  WHERE e.seq = ANY(ARRAY(SELECT seq FROM walk WHERE run_at <= now()))
-                   AND e.state = 'pending' AND ",
+                   AND ",
+            pending_by_seq!(),
+            " AND ",
             $head,
             " ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
              SELECT (SELECT count(*) FROM walk) >= $4,
@@ -202,7 +217,9 @@ macro_rules! claim_heads_by_key {
             ", candidates AS MATERIALIZED (
                  SELECT e.seq, e.key FROM mailroom.queue e
                  WHERE e.seq = ANY(ARRAY(SELECT seq FROM heads WHERE run_at <= now()))
-                   AND NOT (e.seq = ANY($3)) AND e.state = 'pending'
+                   AND NOT (e.seq = ANY($3)) AND ",
+            pending_by_seq!(),
+            "
                  ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
              SELECT c.seq FROM candidates c
              WHERE pg_try_advisory_xact_lock($4, hashtext($1 || chr(31) || c.key))

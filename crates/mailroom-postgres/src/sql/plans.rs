@@ -101,6 +101,18 @@ fn events_only_through(plan: &str, index: &str) -> bool {
             .all(|line| line.contains(index))
 }
 
+/// Whether every scan of `index` in `plan` starts from a topic (rows found
+/// by `seq` through an index whose `seq` is its last column walk the whole
+/// topic once per row).
+fn walks_by_topic(plan: &str, index: &str) -> bool {
+    let lines: Vec<&str> = plan.lines().collect();
+    lines.windows(2).all(|pair| {
+        !pair[0].contains(&format!("using {index}"))
+            || !pair[1].contains("Index Cond")
+            || pair[1].contains("topic")
+    })
+}
+
 /// The generic plan of `sql` (the one a prepared statement switches to
 /// after five runs), its parameters declared as `types` and given as
 /// the SQL literals `args`.
@@ -200,6 +212,10 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
                     && events_only_through(&plan, "events_pkey"),
                 "{moment}, {name}: the claim does not walk queue_claim alone:\n{plan}"
             );
+            assert!(
+                walks_by_topic(&plan, "queue_claim"),
+                "{moment}, {name}: rows found by seq through queue_claim:\n{plan}"
+            );
         }
     }
 }
@@ -248,7 +264,9 @@ async fn heads_by_key_probe_the_open_keys_index() {
         for (name, plan) in plans {
             let probes = plan.matches("using queue_keys on queue").count();
             assert!(
-                probes >= 3 && events_only_through(&plan, "events_pkey"),
+                probes >= 3
+                    && events_only_through(&plan, "events_pkey")
+                    && walks_by_topic(&plan, "queue_claim"),
                 "{moment}, {name}: keys and heads are not probed in queue_keys:\n{plan}"
             );
         }
@@ -378,6 +396,22 @@ async fn topic_listings_read_the_topic_index() {
 #[tokio::test]
 async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
     let mut conn = backlog(1000).await;
+    // Step 1's candidates, found by `seq` among the walk's rows.
+    for sql in [
+        claim_candidates!(head_block!()),
+        claim_candidates!(head_skip!()),
+    ] {
+        let query = explain(sql)
+            .bind("t")
+            .bind(256_i64)
+            .bind(KEY_LOCK_CLASS)
+            .bind(SEQUENTIAL_WINDOW);
+        let plan = plan(&mut conn, query).await;
+        assert!(
+            walks_by_topic(&plan, "queue_claim") && !plan.contains("Seq Scan"),
+            "the candidates are found by walking the pending index:\n{plan}"
+        );
+    }
     let seqs: Vec<i64> = (1..=120).collect();
     for sql in [claim_locked!(head_block!()), claim_locked!(head_skip!())] {
         let query = explain(sql)
