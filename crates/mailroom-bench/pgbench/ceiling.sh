@@ -19,13 +19,18 @@ rounds=${2:-3}
 here=$(cd "$(dirname "$0")" && pwd)
 pgbench=$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench | tail -1)
 load="
-TRUNCATE mailroom.events, mailroom.attempts;
-INSERT INTO mailroom.events (id, source, topic, dedup_key, type, status, max_attempts,
-                             next_attempt_at, content_type, payload)
-SELECT u, 'api', 't', u::text, 'bench', 'pending', 15, now(), 'application/json',
-       convert_to(repeat('x', 256), 'UTF8')
-FROM (SELECT mailroom.uuid_v7() AS u, g FROM generate_series(1, 100000) g) s ORDER BY g;
-VACUUM ANALYZE mailroom.events;
+TRUNCATE mailroom.events, mailroom.attempts, mailroom.queue;
+WITH inserted AS (
+    INSERT INTO mailroom.events (id, source, topic, dedup_key, type, status, max_attempts,
+                                 next_attempt_at, content_type, payload)
+    SELECT u, 'api', 't', u::text, 'bench', 'pending', 15, now(), 'application/json',
+           convert_to(repeat('x', 256), 'UTF8')
+    FROM (SELECT mailroom.uuid_v7() AS u, g FROM generate_series(1, 100000) g) s ORDER BY g
+    RETURNING seq, topic, key, next_attempt_at
+)
+INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
+SELECT seq, topic, key, next_attempt_at, 'pending' FROM inserted;
+VACUUM ANALYZE mailroom.events, mailroom.queue;
 CHECKPOINT;"
 ratios21=()
 ratios42=()

@@ -16,7 +16,14 @@
 #   ROUNDS   alternating rounds (default 3)
 #   drain options default to `--modes single`
 # environment: STORE (default $MAILROOM_TEST_POSTGRES_URL), CARGO_TARGET_DIR,
+#   BEFORE_TARGET_DIR (default: CARGO_TARGET_DIR/compare-before),
 #   BENCH=current|own, KEEP=1 keeps the JSON files (their directory is printed).
+#
+# The two builds need two target directories: cargo gives a workspace
+# crate the same artifact name whatever its checkout's path, and judges
+# freshness by file times, so a build of this checkout in the directory
+# the BEFORE worktree (checked out just now, newer files) was built in
+# takes BEFORE's crates for its own.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -35,6 +42,8 @@ repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 before_sha=$(git -C "$repo" rev-parse --verify "$before^{commit}")
 after_sha=$(git -C "$repo" rev-parse HEAD)
 target=${CARGO_TARGET_DIR:-$repo/target}
+before_target=${BEFORE_TARGET_DIR:-$target/compare-before}
+[[ $before_target != "$target" ]] || { echo "compare.sh: BEFORE_TARGET_DIR must differ from CARGO_TARGET_DIR" >&2; exit 64; }
 work=$(mktemp -d /tmp/mailroom-compare.XXXXXX)
 cleanup() {
     git -C "$repo" worktree remove --force "$work/before" 2>/dev/null || true
@@ -53,8 +62,8 @@ if [[ ${BENCH:-current} == current ]]; then
     cp -r "$repo/crates/mailroom-bench" "$work/before/crates/mailroom-bench"
 fi
 echo "compare.sh: building before ${before_sha:0:10} (bench: ${BENCH:-current})" >&2
-(cd "$work/before" && CARGO_TARGET_DIR=$target cargo build --quiet --release -p mailroom-bench)
-cp "$target/release/mailroom-bench" "$work/bench-before"
+(cd "$work/before" && CARGO_TARGET_DIR=$before_target cargo build --quiet --release -p mailroom-bench)
+cp "$before_target/release/mailroom-bench" "$work/bench-before"
 echo "compare.sh: building after ${after_sha:0:10} ($repo$(git -C "$repo" diff --quiet HEAD || echo ', uncommitted changes included'))" >&2
 (cd "$repo" && CARGO_TARGET_DIR=$target cargo build --quiet --release -p mailroom-bench)
 cp "$target/release/mailroom-bench" "$work/bench-after"

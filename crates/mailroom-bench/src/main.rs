@@ -5,9 +5,10 @@
 //!   printing acks/s, latency percentiles, mailroom's RSS and the ratio.
 //! - `drain`: N preloaded pending events through no-op handlers of a
 //!   `single`, a `sequential` and a `batch` topic, with ratios to `single`.
-//! - `floor`: the engine's `single` and `batch` drains beside a raw SQLite
-//!   loop doing only the writes a batch drain needs: the most any batch
-//!   implementation on this store could reach, as a ratio to `single`.
+//! - `floor`: the engine's `single` and `batch` drains beside a raw SQL
+//!   loop (SQLite, or PostgreSQL with `--store postgres://...`) doing only
+//!   the writes a drain needs: the most any implementation on this store
+//!   could reach, as a ratio to `single`.
 //! - `pg`: both of the above on SQLite and on a fresh PostgreSQL database
 //!   with one and with two mailroom instances, side by side.
 //! - `dashboard`: the dashboard's overview, a topic page and the dead
@@ -260,6 +261,10 @@ struct FloorArgs {
     /// gives the medians of each round's ratios to `single`.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// `sqlite` (a temporary file) or `postgres://...` (fresh databases on
+    /// that server, dropped afterwards).
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
     #[command(flatten)]
     drain: DrainSettingsArgs,
     /// Print the figures as one JSON object.
@@ -554,9 +559,13 @@ async fn run_floor(a: FloorArgs) -> anyhow::Result<ExitCode> {
     let settings = a.drain.settings();
     let mut rounds = Vec::new();
     for _ in 0..a.rounds.max(1) {
-        let single = drain::run(&settings, DrainMode::Single, &Backend::Sqlite, 1).await?;
-        let batch = drain::run(&settings, DrainMode::Batch, &Backend::Sqlite, 1).await?;
-        let raw = floor::run(settings.events, settings.batch_size, settings.body_size).await?;
+        let single = drain::run(&settings, DrainMode::Single, &a.store, 1).await?;
+        let batch = drain::run(&settings, DrainMode::Batch, &a.store, 1).await?;
+        let (events, max_size, body) = (settings.events, settings.batch_size, settings.body_size);
+        let raw = match &a.store {
+            Backend::Sqlite => floor::run(events, max_size, body).await?,
+            pg => floor::postgres::run(pg, events, max_size, body).await?,
+        };
         rounds.push(floor::Round { single, batch, raw });
     }
     if a.json {
@@ -566,7 +575,7 @@ async fn run_floor(a: FloorArgs) -> anyhow::Result<ExitCode> {
             "median": floor::medians(&rounds),
         }))?;
     } else {
-        floor::print(&settings, &rounds);
+        floor::print(&settings, &a.store, &rounds);
     }
     Ok(ExitCode::SUCCESS)
 }
