@@ -26,6 +26,7 @@ mod backend;
 mod counting;
 mod dashboard;
 mod drain;
+mod faults;
 mod floor;
 mod ingest;
 mod pg;
@@ -71,6 +72,9 @@ enum Command {
     /// The dashboard's pages on a big store (p50/p99), and intake with and
     /// without a poller of the overview once a second.
     Dashboard(DashboardArgs),
+    /// The fault matrix: attack a real `mailroom serve` under recorded load
+    /// and print what survived (lost, duplicated, out of order) per scenario.
+    Faults(FaultsArgs),
     /// (internal) mailroom as `mailroom serve` runs it, for `ingest`.
     #[command(name = "__serve", hide = true)]
     Serve(ServeArgs),
@@ -350,6 +354,23 @@ struct AmqpArgs {
 }
 
 #[derive(Debug, Args)]
+struct FaultsArgs {
+    /// Small runs, for CI (the whole matrix in a few minutes).
+    #[arg(long)]
+    quick: bool,
+    /// `sqlite`, `postgres` or `both`. PostgreSQL runs on fresh databases
+    /// of `--postgres-url`.
+    #[arg(long, default_value = "sqlite")]
+    store: String,
+    /// The PostgreSQL server (a role with CREATEDB).
+    #[arg(long, env = "MAILROOM_TEST_POSTGRES_URL")]
+    postgres_url: Option<String>,
+    /// Run only these scenarios (comma-separated names).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+#[derive(Debug, Args)]
 struct ServeArgs {
     /// `sqlite://FILE` or `postgres://...`.
     #[arg(long)]
@@ -415,7 +436,34 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Dashboard(a) => run_dashboard(a).await,
         Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
+        Command::Faults(a) => run_faults(a).await,
     }
+}
+
+async fn run_faults(a: FaultsArgs) -> anyhow::Result<ExitCode> {
+    let postgres = || -> anyhow::Result<Backend> {
+        let url = a
+            .postgres_url
+            .clone()
+            .context("PostgreSQL needs --postgres-url or MAILROOM_TEST_POSTGRES_URL")?;
+        Backend::parse(&url).map_err(anyhow::Error::msg)
+    };
+    let stores = match a.store.as_str() {
+        "sqlite" => vec![Backend::Sqlite],
+        "postgres" => vec![postgres()?],
+        "both" => vec![Backend::Sqlite, postgres()?],
+        other => anyhow::bail!("--store: expected sqlite, postgres or both, got {other:?}"),
+    };
+    let known: Vec<&str> = faults::ALL.iter().map(|s| s.name).collect();
+    if let Some(bad) = a.only.iter().find(|o| !known.contains(&o.as_str())) {
+        anyhow::bail!("--only: no scenario {bad:?}; known: {}", known.join(", "));
+    }
+    faults::run(&faults::Settings {
+        quick: a.quick,
+        stores,
+        only: a.only,
+    })
+    .await
 }
 
 /// Prints one JSON object on one line (the `--json` output of every bench).

@@ -1,0 +1,459 @@
+//! The checker: a plain function over what was recorded and what the store
+//! holds at the end. It knows nothing of the attack that produced them.
+
+use super::record::{Call, Outcome, Record};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+/// One row of `events` as the store holds it after the scenario.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: String,
+    pub dedup_key: String,
+    pub topic: String,
+    pub key: Option<String>,
+    pub status: String,
+    pub attempts: i64,
+}
+
+/// What the scenario promises about its events.
+#[derive(Debug, Default, Clone)]
+pub struct Expect {
+    /// Topics in `sequential` mode (`on_dead = "block"`).
+    pub sequential: HashSet<String>,
+    /// Dedup keys of poison events: they must end `dead`, after exactly
+    /// `dead_attempts` attempts. Every other event must end `done`, except
+    /// those queued behind a dead head of a sequential key (`pending`).
+    pub dead: HashSet<String>,
+    pub dead_attempts: i64,
+}
+
+/// What the checker found.
+#[derive(Debug, Default, Clone)]
+pub struct Verdict {
+    /// Distinct dedup keys acknowledged.
+    pub acked: usize,
+    /// Acked but not stored, or stored but not in its promised end state.
+    pub lost: usize,
+    /// Overlapping runs of one event, a completed event run again with no
+    /// disruption in between, or two events for one dedup key.
+    pub duplicates: usize,
+    /// Sequential topics: a key's event started before its predecessor succeeded.
+    pub order: usize,
+    /// Late completions refused by their fencing token.
+    pub fenced: usize,
+    /// Completed events run again after a disruption (the at-least-once
+    /// allowance, counted, not a failure).
+    pub excused: usize,
+    /// The first few findings, in words.
+    pub findings: Vec<String>,
+}
+
+impl Verdict {
+    fn note(&mut self, what: String) {
+        if self.findings.len() < 8 {
+            self.findings.push(what);
+        }
+    }
+}
+
+/// Checks `record` against the store's `rows` and the scenario's promises.
+pub fn check(record: &Record, rows: &[Row], expect: &Expect) -> Verdict {
+    let mut v = Verdict::default();
+    let calls = calls_by_event(record);
+    check_acks(record, rows, &mut v);
+    check_end_states(record, rows, expect, &calls, &mut v);
+    for (id, calls) in &calls {
+        check_runs(id, calls, &record.disruptions, &mut v);
+    }
+    check_order(record, rows, expect, &calls, &mut v);
+    v.fenced = record
+        .calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Fenced)
+        .count();
+    v
+}
+
+/// Each event's calls (fenced ones excluded: they changed nothing), by start.
+fn calls_by_event(record: &Record) -> HashMap<String, Vec<Call>> {
+    let mut by: HashMap<String, Vec<Call>> = HashMap::new();
+    for c in record.calls.iter().filter(|c| c.outcome != Outcome::Fenced) {
+        by.entry(c.event_id.clone()).or_default().push(c.clone());
+    }
+    for calls in by.values_mut() {
+        calls.sort_by_key(|c| c.start);
+    }
+    by
+}
+
+/// Every acked event is stored, under one id per dedup key.
+fn check_acks(record: &Record, rows: &[Row], v: &mut Verdict) {
+    let mut ids: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for a in &record.acks {
+        ids.entry(&a.dedup_key).or_default().insert(&a.event_id);
+    }
+    v.acked = ids.len();
+    let stored: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    for (dk, ids) in &ids {
+        if ids.len() > 1 {
+            v.duplicates += ids.len() - 1;
+            v.note(format!("{dk}: acked with {} different ids", ids.len()));
+        }
+        for id in ids.iter().filter(|id| !stored.contains(*id)) {
+            v.lost += 1;
+            v.note(format!("{dk}: acked as {id}, not stored"));
+        }
+    }
+    let mut per_key: HashMap<&str, usize> = HashMap::new();
+    for r in rows {
+        *per_key.entry(&r.dedup_key).or_default() += 1;
+    }
+    for (dk, n) in per_key.into_iter().filter(|(_, n)| *n > 1) {
+        v.duplicates += n - 1;
+        v.note(format!("{dk}: stored {n} times"));
+    }
+}
+
+/// The end state each stored row was promised.
+fn promised(record: &Record, rows: &[Row], expect: &Expect) -> HashMap<String, &'static str> {
+    let by_id: HashMap<&str, &Row> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
+    let mut out: HashMap<String, &'static str> = rows
+        .iter()
+        .map(|r| {
+            let s = if expect.dead.contains(&r.dedup_key) {
+                "dead"
+            } else {
+                "done"
+            };
+            (r.id.clone(), s)
+        })
+        .collect();
+    // Behind a dead head, a sequential key stays blocked.
+    for ids in arrival_by_key(record, rows, expect).values() {
+        let mut blocked = false;
+        for id in ids.values() {
+            let Some(r) = by_id.get(id.as_str()) else {
+                continue;
+            };
+            if blocked {
+                out.insert(r.id.clone(), "pending");
+            } else if expect.dead.contains(&r.dedup_key) {
+                blocked = true;
+            }
+        }
+    }
+    out
+}
+
+/// Stored rows reached their promised end state, done ones by a successful call.
+fn check_end_states(
+    record: &Record,
+    rows: &[Row],
+    expect: &Expect,
+    calls: &HashMap<String, Vec<Call>>,
+    v: &mut Verdict,
+) {
+    let promised = promised(record, rows, expect);
+    for r in rows {
+        let want = promised.get(&r.id).copied().unwrap_or("done");
+        if r.status != want {
+            v.lost += 1;
+            v.note(format!(
+                "{} ({}): {} where {want} was due",
+                r.id, r.dedup_key, r.status
+            ));
+            continue;
+        }
+        let succeeded = calls
+            .get(&r.id)
+            .is_some_and(|c| c.iter().any(|c| c.outcome == Outcome::Succeeded));
+        if want == "done" && !succeeded {
+            v.lost += 1;
+            v.note(format!("{}: done without a successful handler call", r.id));
+        }
+        if want == "dead" && r.attempts != expect.dead_attempts {
+            v.lost += 1;
+            v.note(format!(
+                "{}: dead after {} attempts, not {}",
+                r.id, r.attempts, expect.dead_attempts
+            ));
+        }
+    }
+}
+
+/// One event's runs: never two at once, never again after a success
+/// unless a disruption could have lost that success's commit: one after
+/// the successful call started (a kill while it ran also loses it, even
+/// when the receiver's answer went into a dead socket's buffer).
+fn check_runs(id: &str, calls: &[Call], disruptions: &[(Duration, Duration)], v: &mut Verdict) {
+    let mut running_until = Duration::ZERO;
+    // Start of the first successful call.
+    let mut succeeded_at: Option<Duration> = None;
+    for c in calls {
+        if c.start < running_until {
+            v.duplicates += 1;
+            v.note(format!(
+                "{id}: attempt {} overlapped an earlier run",
+                c.attempt
+            ));
+        } else if let Some(done) = succeeded_at {
+            let excused = disruptions
+                .iter()
+                .any(|(from, to)| *to >= done && *from <= c.start);
+            if excused {
+                v.excused += 1;
+            } else {
+                v.duplicates += 1;
+                v.note(format!(
+                    "{id}: attempt {} ran after a completed run",
+                    c.attempt
+                ));
+            }
+        }
+        running_until = running_until.max(c.end);
+        if c.outcome == Outcome::Succeeded && succeeded_at.is_none() {
+            succeeded_at = Some(c.start);
+        }
+    }
+}
+
+/// Per sequential key, the acked events in arrival (send) order.
+fn arrival_by_key(
+    record: &Record,
+    rows: &[Row],
+    expect: &Expect,
+) -> HashMap<String, BTreeMap<u64, String>> {
+    let topic: HashMap<&str, &str> = rows
+        .iter()
+        .map(|r| (r.id.as_str(), r.topic.as_str()))
+        .collect();
+    let mut out: HashMap<String, BTreeMap<u64, String>> = HashMap::new();
+    for a in &record.acks {
+        let Some(key) = &a.key else { continue };
+        let Some(t) = topic.get(a.event_id.as_str()) else {
+            continue;
+        };
+        if expect.sequential.contains(*t) {
+            out.entry(format!("{t}/{key}"))
+                .or_default()
+                .entry(a.seq)
+                .or_insert_with(|| a.event_id.clone());
+        }
+    }
+    out
+}
+
+/// For each sequential key, no call of event N+1 starts before event N's
+/// first successful call ended.
+fn check_order(
+    record: &Record,
+    rows: &[Row],
+    expect: &Expect,
+    calls: &HashMap<String, Vec<Call>>,
+    v: &mut Verdict,
+) {
+    let none = Vec::new();
+    for (key, events) in arrival_by_key(record, rows, expect) {
+        let ids: Vec<&String> = events.values().collect();
+        for pair in ids.windows(2) {
+            let done = calls
+                .get(pair[0])
+                .unwrap_or(&none)
+                .iter()
+                .filter(|c| c.outcome == Outcome::Succeeded)
+                .map(|c| c.end)
+                .min();
+            for c in calls.get(pair[1]).unwrap_or(&none) {
+                if done.is_none_or(|d| c.start < d) {
+                    v.order += 1;
+                    v.note(format!(
+                        "{key}: {} started before {} was done",
+                        pair[1], pair[0]
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::record::Ack;
+
+    impl Verdict {
+        fn passed(&self) -> bool {
+            self.lost == 0 && self.duplicates == 0 && self.order == 0
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn ack(n: u64, key: &str) -> Ack {
+        Ack {
+            dedup_key: format!("d{n}"),
+            event_id: format!("e{n}"),
+            duplicate: false,
+            key: Some(key.into()),
+            seq: n,
+            at: ms(n),
+        }
+    }
+
+    fn row(n: u64, key: &str, status: &str) -> Row {
+        Row {
+            id: format!("e{n}"),
+            dedup_key: format!("d{n}"),
+            topic: "seq".into(),
+            key: Some(key.into()),
+            status: status.into(),
+            attempts: 1,
+        }
+    }
+
+    fn call(n: u64, attempt: u32, start: u64, end: u64, outcome: Outcome) -> Call {
+        Call {
+            event_id: format!("e{n}"),
+            attempt,
+            start: ms(start),
+            end: ms(end),
+            outcome,
+        }
+    }
+
+    /// Two events of key `k`, each acked, stored, done and run once in order.
+    fn clean() -> (Record, Vec<Row>, Expect) {
+        let record = Record {
+            sent: 2,
+            acks: vec![ack(1, "k"), ack(2, "k")],
+            calls: vec![
+                call(1, 1, 10, 20, Outcome::Succeeded),
+                call(2, 1, 25, 30, Outcome::Succeeded),
+            ],
+            ..Record::default()
+        };
+        let rows = vec![row(1, "k", "done"), row(2, "k", "done")];
+        let expect = Expect {
+            sequential: ["seq".to_string()].into(),
+            ..Expect::default()
+        };
+        (record, rows, expect)
+    }
+
+    /// The clean record passes: the checker is not simply failing everything.
+    #[test]
+    fn a_clean_record_passes() {
+        let (record, rows, expect) = clean();
+        let v = check(&record, &rows, &expect);
+        assert!(v.passed(), "{v:?}");
+        assert_eq!(v.acked, 2);
+    }
+
+    /// An acked event missing from the store is lost.
+    #[test]
+    fn an_acked_event_missing_from_the_store_is_lost() {
+        let (record, mut rows, expect) = clean();
+        rows.pop();
+        let v = check(&record, &rows, &expect);
+        assert_eq!(v.lost, 1, "{v:?}");
+        assert!(!v.passed());
+    }
+
+    /// A stored event never processed (still pending, or done with no
+    /// successful call) is lost.
+    #[test]
+    fn a_stored_event_never_processed_is_lost() {
+        let (mut record, mut rows, expect) = clean();
+        rows[1].status = "pending".into();
+        record.calls.pop();
+        assert_eq!(check(&record, &rows, &expect).lost, 1);
+        rows[1].status = "done".into();
+        assert_eq!(check(&record, &rows, &expect).lost, 1);
+    }
+
+    /// Two overlapping runs of one event are duplicate processing.
+    #[test]
+    fn an_overlap_is_a_duplicate() {
+        let (mut record, rows, expect) = clean();
+        record.calls.push(call(2, 2, 27, 29, Outcome::Failed));
+        let v = check(&record, &rows, &expect);
+        assert_eq!(v.duplicates, 1, "{v:?}");
+        assert!(!v.passed());
+    }
+
+    /// A completed event run again is a duplicate, unless a disruption
+    /// (a kill) fell between the success and the rerun.
+    #[test]
+    fn a_rerun_after_success_is_a_duplicate_unless_disrupted() {
+        let (mut record, rows, expect) = clean();
+        record.calls.push(call(2, 2, 40, 45, Outcome::Succeeded));
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+        record.disruptions.push((ms(35), ms(35)));
+        assert!(check(&record, &rows, &expect).passed());
+        // A kill while the successful call ran (its answer written into a
+        // dead connection) excuses the rerun too; one before it does not.
+        record.disruptions = vec![(ms(27), ms(27))];
+        assert!(check(&record, &rows, &expect).passed());
+        record.disruptions = vec![(ms(22), ms(22))];
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+        // A span (a full disk) that covers the success excuses it; one
+        // that ended before the success began does not.
+        record.disruptions = vec![(ms(20), ms(26))];
+        assert!(check(&record, &rows, &expect).passed());
+        record.disruptions = vec![(ms(5), ms(24))];
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+    }
+
+    /// A fenced (rejected) late completion changes nothing and is only counted.
+    #[test]
+    fn a_fenced_completion_is_counted_not_a_duplicate() {
+        let (mut record, rows, expect) = clean();
+        record.calls.push(call(2, 1, 24, 60, Outcome::Fenced));
+        let v = check(&record, &rows, &expect);
+        assert!(v.passed(), "{v:?}");
+        assert_eq!(v.fenced, 1);
+    }
+
+    /// Event 2 of a key started before event 1 finished: an order violation.
+    #[test]
+    fn an_order_violation_is_caught() {
+        let (mut record, rows, expect) = clean();
+        record.calls[1] = call(2, 1, 15, 30, Outcome::Succeeded);
+        let v = check(&record, &rows, &expect);
+        assert_eq!(v.order, 1, "{v:?}");
+        assert!(!v.passed());
+    }
+
+    /// Two different ids answered for one dedup key: a duplicate event.
+    #[test]
+    fn two_ids_for_one_dedup_key_is_a_duplicate() {
+        let (mut record, rows, expect) = clean();
+        let mut again = ack(1, "k");
+        again.event_id = "e9".into();
+        record.acks.push(again);
+        let v = check(&record, &rows, &expect);
+        assert!(v.duplicates >= 1 && v.lost >= 1, "{v:?}");
+    }
+
+    /// A poison head must be dead after max attempts and block its key;
+    /// an event that ran behind it anyway is an order violation.
+    #[test]
+    fn a_dead_head_blocks_its_key() {
+        let (mut record, mut rows, mut expect) = clean();
+        expect.dead.insert("d1".into());
+        expect.dead_attempts = 3;
+        record.calls = vec![call(1, 1, 10, 12, Outcome::Failed)];
+        rows[0].status = "dead".into();
+        rows[0].attempts = 3;
+        rows[1].status = "pending".into();
+        assert!(check(&record, &rows, &expect).passed());
+        rows[0].attempts = 2;
+        assert_eq!(check(&record, &rows, &expect).lost, 1);
+        rows[0].attempts = 3;
+        record.calls.push(call(2, 1, 20, 21, Outcome::Failed));
+        assert_eq!(check(&record, &rows, &expect).order, 1);
+    }
+}

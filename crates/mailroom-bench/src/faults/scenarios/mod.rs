@@ -1,0 +1,168 @@
+//! The attacks, one file each, and what they share: a fresh store, a
+//! config directory, the recorder and the recording handler endpoint.
+
+mod diskfull;
+mod kill9;
+mod lease;
+mod poison;
+mod sigterm;
+mod storm;
+
+use super::check::{self, Expect, Verdict};
+use super::child::{Serve, write_config};
+use super::receiver::Receiver;
+use super::record::{Record, Recorder};
+use super::{Report, store};
+use crate::backend::{Backend, Fresh};
+use futures::future::BoxFuture;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One scenario of the matrix.
+pub struct Scenario {
+    pub name: &'static str,
+    /// Whether it runs on this store.
+    pub applies: fn(&Backend) -> bool,
+    /// Runs it (`quick` for CI) and returns its row.
+    pub run: fn(bool, Backend) -> BoxFuture<'static, anyhow::Result<Report>>,
+}
+
+fn any_store(_: &Backend) -> bool {
+    true
+}
+
+/// The matrix, in the order it runs.
+pub const ALL: &[Scenario] = &[
+    Scenario {
+        name: "kill9",
+        applies: any_store,
+        run: |quick, b| Box::pin(kill9::run(quick, b)),
+    },
+    Scenario {
+        name: "diskfull",
+        applies: diskfull::applies,
+        run: |quick, b| Box::pin(diskfull::run(quick, b)),
+    },
+    Scenario {
+        name: "lease",
+        applies: any_store,
+        run: |quick, b| Box::pin(lease::run(quick, b)),
+    },
+    Scenario {
+        name: "poison",
+        applies: any_store,
+        run: |quick, b| Box::pin(poison::run(quick, b)),
+    },
+    Scenario {
+        name: "storm",
+        applies: any_store,
+        run: |quick, b| Box::pin(storm::run(quick, b)),
+    },
+    Scenario {
+        name: "sigterm",
+        applies: any_store,
+        run: |quick, b| Box::pin(sigterm::run(quick, b)),
+    },
+];
+
+/// A scenario's world: a fresh store, a directory for the config, the
+/// recorder and the handler endpoint.
+pub struct World {
+    pub fresh: Fresh,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub rec: Recorder,
+}
+
+impl World {
+    /// `config(receiver_url)` is the `mailroom.toml` text.
+    pub async fn new(
+        backend: &Backend,
+        handler_delay: Duration,
+        config: impl Fn(&str) -> String,
+    ) -> anyhow::Result<Self> {
+        let fresh = backend.fresh().await?;
+        let dir = tempfile::tempdir()?;
+        let rec = Recorder::new();
+        let receiver = Receiver::start(rec.clone(), handler_delay).await?;
+        let config = write_config(dir.path(), &config(&receiver.url))?;
+        Ok(Self {
+            fresh,
+            dir,
+            config,
+            rec,
+        })
+    }
+
+    pub async fn serve(&self) -> anyhow::Result<Serve> {
+        Serve::start(&self.config, &self.fresh.url).await
+    }
+
+    /// Reads the store and checks the record against it.
+    pub async fn check(&self, expect: &Expect) -> anyhow::Result<(Record, Verdict)> {
+        let rows = store::rows(&self.fresh.url).await?;
+        let record = self.rec.snapshot();
+        let verdict = check::check(&record, &rows, expect);
+        Ok((record, verdict))
+    }
+
+    /// Drops the PostgreSQL database (the SQLite file goes with the tempdir).
+    pub async fn cleanup(self) -> anyhow::Result<()> {
+        self.fresh.cleanup().await
+    }
+}
+
+/// Two sources over HTTP handlers: `seq` into a sequential topic keyed by
+/// `/k`, `single` into a single topic; fast retries, short leases.
+pub fn two_topics(receiver: &str) -> String {
+    format!(
+        r#"
+[[source]]
+name = "seq"
+topic = "seq"
+id = {{ json = "/id" }}
+
+[[source]]
+name = "single"
+topic = "single"
+id = {{ json = "/id" }}
+
+[[topic]]
+name = "seq"
+mode = "sequential"
+key = "/k"
+concurrency = 16
+timeout = "2s"
+lease = "3s"
+retry = {{ max_attempts = 50, base = "100ms", max_delay = "1s" }}
+handler = {{ http = {{ url = "{receiver}" }} }}
+
+[[topic]]
+name = "single"
+concurrency = 16
+timeout = "2s"
+lease = "3s"
+retry = {{ max_attempts = 50, base = "100ms", max_delay = "1s" }}
+handler = {{ http = {{ url = "{receiver}" }} }}
+"#
+    )
+}
+
+/// The sequential topics of `two_topics`.
+pub fn seq_expect() -> Expect {
+    Expect {
+        sequential: ["seq".to_string()].into(),
+        ..Expect::default()
+    }
+}
+
+/// The longest wait, over `faults`, from a fault to the next ack after it.
+pub fn recovery(record: &Record, faults: &[Duration]) -> Option<Duration> {
+    faults
+        .iter()
+        .filter_map(|f| {
+            let next = record.acks.iter().map(|a| a.at).filter(|at| at > f).min()?;
+            Some(next - *f)
+        })
+        .max()
+}

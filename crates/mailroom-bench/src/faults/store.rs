@@ -1,0 +1,95 @@
+//! Reads of the store the checker compares with the record: only the
+//! documented columns of `events` (SQLite) / `mailroom.events` (PostgreSQL).
+
+use super::check::Row;
+use anyhow::Context;
+use sqlx::{Connection, PgConnection};
+use std::time::{Duration, Instant};
+
+/// Every event row.
+pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        let path = path.to_owned();
+        return tokio::task::spawn_blocking(move || sqlite_rows(&path)).await?;
+    }
+    let mut c = PgConnection::connect(url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let rows: Vec<(String, String, String, Option<String>, String, i64)> = sqlx::query_as(
+        "SELECT id::text, dedup_key, topic, key, status, attempts::bigint FROM mailroom.events",
+    )
+    .fetch_all(&mut c)
+    .await
+    .context("reading mailroom.events")?;
+    let _ = c.close().await;
+    Ok(rows
+        .into_iter()
+        .map(|(id, dedup_key, topic, key, status, attempts)| Row {
+            id,
+            dedup_key,
+            topic,
+            key,
+            status,
+            attempts,
+        })
+        .collect())
+}
+
+fn sqlite_rows(path: &str) -> anyhow::Result<Vec<Row>> {
+    let db =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("opening {path}"))?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    let mut st = db.prepare("SELECT id, dedup_key, topic, key, status, attempts FROM events")?;
+    let rows = st
+        .query_map([], |r| {
+            Ok(Row {
+                id: r.get(0)?,
+                dedup_key: r.get(1)?,
+                topic: r.get(2)?,
+                key: r.get(3)?,
+                status: r.get(4)?,
+                attempts: r.get(5)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+/// `PRAGMA integrity_check` of a SQLite store: `ok` or what it found.
+pub fn sqlite_integrity(url: &str) -> anyhow::Result<String> {
+    let path = url.strip_prefix("sqlite://").context("not a SQLite URL")?;
+    let db =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let found: Vec<String> = db
+        .prepare("PRAGMA integrity_check")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(found.join("; "))
+}
+
+/// Waits until `settled(rows)` holds (or `limit` passes); how long it
+/// took, `None` on time-out.
+pub async fn settle(
+    url: &str,
+    settled: impl Fn(&[Row]) -> bool,
+    limit: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    let started = Instant::now();
+    loop {
+        if settled(&rows(url).await?) {
+            return Ok(Some(started.elapsed()));
+        }
+        if started.elapsed() > limit {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// No row is pending or running.
+pub fn all_final(rows: &[Row]) -> bool {
+    !rows
+        .iter()
+        .any(|r| r.status == "pending" || r.status == "running")
+}
