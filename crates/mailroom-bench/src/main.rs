@@ -300,6 +300,9 @@ struct PgArgs {
     /// Skip drain (intake only).
     #[arg(long)]
     no_drain: bool,
+    /// Skip the SQLite target (PostgreSQL x1, x2 and the ceiling only).
+    #[arg(long)]
+    no_sqlite: bool,
     /// Drain rounds (each: SQLite, PostgreSQL x1, x2); the summary gives
     /// the medians, and the x2/x1 ratio as the median of each round's.
     #[arg(long, default_value_t = 1)]

@@ -17,11 +17,14 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("pg needs --store postgres://...");
     };
     let version = backend::ping(admin_url).await?;
-    let targets = [
+    let mut targets = vec![
         (Backend::Sqlite, 1),
         (a.store.clone(), 1),
         (a.store.clone(), 2),
     ];
+    if a.no_sqlite {
+        targets.remove(0);
+    }
     if !a.json {
         println!(
             "pg: PostgreSQL {version} at {}; each target on a fresh store",
@@ -112,10 +115,11 @@ async fn drain_rounds(
 
 /// Events per second of `store` with `n` instances in one drain round.
 fn of_round(round: &[DrainResult], store: &str, n: usize) -> Option<f64> {
-    round
-        .iter()
-        .find(|r| r.store == store && r.instances == n)
-        .map(|r| r.events_per_sec)
+    result_of(round, store, n).map(|r| r.events_per_sec)
+}
+
+fn result_of<'a>(round: &'a [DrainResult], store: &str, n: usize) -> Option<&'a DrainResult> {
+    round.iter().find(|r| r.store == store && r.instances == n)
 }
 
 fn ratio(x: Option<f64>, y: Option<f64>) -> Option<f64> {
@@ -159,6 +163,20 @@ impl Summary {
         )
     }
 
+    /// The median over rounds of a PostgreSQL target's database work:
+    /// events per PostgreSQL CPU-second, and CPU-seconds per 1,000 events.
+    fn work_of(&self, n: usize) -> (Option<f64>, Option<f64>) {
+        let of = |f: fn(&crate::pgwork::DbWork) -> f64| {
+            drain::median(
+                self.rounds
+                    .iter()
+                    .filter_map(|r| result_of(r, "postgres", n)?.db.as_ref().map(f))
+                    .collect(),
+            )
+        };
+        (of(|d| d.events_per_cpu_sec), of(|d| d.cpu_secs_per_1k))
+    }
+
     /// Each round's own PostgreSQL xN / x1 drain ratio (both measured
     /// within minutes of each other); the summary gives their median.
     fn round_scales(&self, n: usize) -> Vec<f64> {
@@ -192,6 +210,9 @@ impl Summary {
             "ceiling_instances": self.ceiling,
             "drain_xn_over_x1_per_round": self.ceiling_scales(),
             "ratio_postgres_xn_over_x1": drain::median(self.ceiling_scales()),
+            "events_per_pg_cpu_sec": self.pg_targets().iter().map(|&n| {
+                serde_json::json!({ "instances": n, "median": self.work_of(n).0 })
+            }).collect::<Vec<_>>(),
         })
     }
 
@@ -224,31 +245,66 @@ impl Summary {
         }
     }
 
-    /// The table: each target's intake and drain rates, then the ratios.
+    /// The PostgreSQL instance counts drained: 1, 2 and the ceiling's.
+    fn pg_targets(&self) -> Vec<usize> {
+        let mut out = vec![1, 2];
+        out.extend(self.ceiling);
+        out
+    }
+
+    /// The table: each target's intake and drain rates and, on PostgreSQL,
+    /// the database's work per drained event; then the ratios.
     fn print_rows(&self) {
-        let row = |target: &str, ingest: String, drain: String| {
-            println!("{target:<14} {ingest:>14} {drain:>16}");
+        let row = |target: &str, ingest: String, drain: String, work: (String, String)| {
+            println!(
+                "{target:<14} {ingest:>14} {drain:>16} {:>15} {:>14}",
+                work.0, work.1
+            );
         };
-        row("target", "intake acks/s".into(), "drain events/s".into());
-        let mut targets = vec![("sqlite", 1), ("postgres", 1), ("postgres", 2)];
-        targets.extend(self.ceiling.map(|n| ("postgres", n)));
-        for (store, n) in targets {
+        let work = |n: usize| {
+            let (per_cpu, cpu_1k) = self.work_of(n);
+            (
+                rate(per_cpu),
+                cpu_1k.map_or_else(|| "-".into(), |c| format!("{c:.3}")),
+            )
+        };
+        let none = || ("-".to_string(), "-".to_string());
+        row(
+            "target",
+            "intake acks/s".into(),
+            "drain events/s".into(),
+            ("events/pg CPU-s".into(), "pg CPU-s/1k".into()),
+        );
+        row(
+            "sqlite x1",
+            rate(self.ingest_of("sqlite", 1)),
+            rate(self.drain_of("sqlite", 1)),
+            none(),
+        );
+        for n in self.pg_targets() {
             row(
-                &format!("{store} x{n}"),
-                rate(self.ingest_of(store, n)),
-                rate(self.drain_of(store, n)),
+                &format!("postgres x{n}"),
+                rate(self.ingest_of("postgres", n)),
+                rate(self.drain_of("postgres", n)),
+                work(n),
             );
         }
+        let efficiency = |n: usize| {
+            let ratio = ratio(self.work_of(n).0, self.work_of(1).0);
+            (fmt_times(ratio), "-".into())
+        };
         row(
             "postgres x2/x1",
             fmt_times(self.scale_ingest()),
             fmt_times(drain::median(self.round_scales(2))),
+            efficiency(2),
         );
         if let Some(n) = self.ceiling {
             row(
                 &format!("postgres x{n}/x1"),
                 "-".into(),
                 fmt_times(drain::median(self.ceiling_scales())),
+                efficiency(n),
             );
         }
         row(
@@ -261,6 +317,7 @@ impl Summary {
                 self.drain_of("postgres", 1),
                 self.drain_of("sqlite", 1),
             )),
+            none(),
         );
     }
 }
