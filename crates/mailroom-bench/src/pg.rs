@@ -255,12 +255,6 @@ impl Summary {
     /// The table: each target's intake and drain rates and, on PostgreSQL,
     /// the database's work per drained event; then the ratios.
     fn print_rows(&self) {
-        let row = |target: &str, ingest: String, drain: String, work: (String, String)| {
-            println!(
-                "{target:<14} {ingest:>14} {drain:>16} {:>15} {:>14}",
-                work.0, work.1
-            );
-        };
         let work = |n: usize| {
             let (per_cpu, cpu_1k) = self.work_of(n);
             (
@@ -268,56 +262,80 @@ impl Summary {
                 cpu_1k.map_or_else(|| "-".into(), |c| format!("{c:.3}")),
             )
         };
-        let none = || ("-".to_string(), "-".to_string());
-        row(
+        table_row(
             "target",
             "intake acks/s".into(),
             "drain events/s".into(),
             ("events/pg CPU-s".into(), "pg CPU-s/1k".into()),
         );
-        row(
-            "sqlite x1",
-            rate(self.ingest_of("sqlite", 1)),
-            rate(self.drain_of("sqlite", 1)),
-            none(),
-        );
+        // Without the SQLite target (`--no-sqlite`), its rows are left out.
+        let sqlite = self.ingest_of("sqlite", 1).or(self.drain_of("sqlite", 1));
+        if sqlite.is_some() {
+            table_row(
+                "sqlite x1",
+                rate(self.ingest_of("sqlite", 1)),
+                rate(self.drain_of("sqlite", 1)),
+                none(),
+            );
+        }
         for n in self.pg_targets() {
-            row(
+            table_row(
                 &format!("postgres x{n}"),
                 rate(self.ingest_of("postgres", n)),
                 rate(self.drain_of("postgres", n)),
                 work(n),
             );
         }
+        self.print_ratio_rows(sqlite.is_some());
+    }
+
+    /// PostgreSQL xN / x1 (rates, and events per PostgreSQL CPU-second),
+    /// and PostgreSQL / SQLite.
+    fn print_ratio_rows(&self, sqlite: bool) {
         let efficiency = |n: usize| {
             let ratio = ratio(self.work_of(n).0, self.work_of(1).0);
             (fmt_times(ratio), "-".into())
         };
-        row(
+        table_row(
             "postgres x2/x1",
             fmt_times(self.scale_ingest()),
             fmt_times(drain::median(self.round_scales(2))),
             efficiency(2),
         );
         if let Some(n) = self.ceiling {
-            row(
+            table_row(
                 &format!("postgres x{n}/x1"),
                 "-".into(),
                 fmt_times(drain::median(self.ceiling_scales())),
                 efficiency(n),
             );
         }
-        row(
-            "postgres/sqlite",
-            fmt_times(ratio(
-                self.ingest_of("postgres", 1),
-                self.ingest_of("sqlite", 1),
-            )),
-            fmt_times(ratio(
-                self.drain_of("postgres", 1),
-                self.drain_of("sqlite", 1),
-            )),
-            none(),
-        );
+        if sqlite {
+            table_row(
+                "postgres/sqlite",
+                fmt_times(ratio(
+                    self.ingest_of("postgres", 1),
+                    self.ingest_of("sqlite", 1),
+                )),
+                fmt_times(ratio(
+                    self.drain_of("postgres", 1),
+                    self.drain_of("sqlite", 1),
+                )),
+                none(),
+            );
+        }
     }
+}
+
+/// One line of the summary table.
+fn table_row(target: &str, ingest: String, drain: String, work: (String, String)) {
+    println!(
+        "{target:<14} {ingest:>14} {drain:>16} {:>15} {:>14}",
+        work.0, work.1
+    );
+}
+
+/// The database-work cells of a target that has none.
+fn none() -> (String, String) {
+    ("-".to_string(), "-".to_string())
 }
