@@ -94,6 +94,7 @@ pub fn event(topic: &str, dedup: &str, key: Option<&str>) -> NewEvent {
         content_type: Some("application/json".into()),
         payload: bytes::Bytes::from(format!("{{\"dedup\":\"{dedup}\"}}")),
         max_attempts: 3,
+        delivery: mailroom_core::Delivery::Now,
     }
 }
 
@@ -125,6 +126,8 @@ macro_rules! suite {
             replay_of_a_purged_event_is_refused,
             replay_matching_skips_and_counts_purged_events,
             skip_only_from_dead,
+            delivered_later_events_are_not_claimed_before_due,
+            a_delayed_event_behind_due_ones_is_claimed_once_due,
             cancel_withdraws_a_pending_event_until_it_is_replayed,
             cancel_refuses_running_and_finished_events,
             cancel_matching_takes_only_matching_pending_events,

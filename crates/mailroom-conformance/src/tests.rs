@@ -6,6 +6,7 @@
 
 use crate::event;
 use bytes::Bytes;
+use mailroom_core::Delivery;
 use mailroom_core::{
     AttemptOutcome, ClaimRequest, Claimed, Completion, EventId, EventSearch, FencingToken,
     ListFilter, OnDead, Retention, Status, Store, StoreError,
@@ -573,6 +574,85 @@ pub async fn skip_only_from_dead(s: S) {
     let e = s.skip(id).await.unwrap();
     assert_eq!(e.status, Status::Skipped);
     assert!(matches!(s.skip(id).await, Err(StoreError::Conflict(_))));
+}
+
+/// Events stored with `Delivery::At` (an instant) or `Delivery::After` (a
+/// delay on the store's clock) are pending at once but not claimed before
+/// their due time, which `next_due` reports and the event shows as
+/// `next_attempt_at`; then they are claimed like any other.
+pub async fn delivered_later_events_are_not_claimed_before_due(s: S) {
+    let now = s.now().await.unwrap();
+    let at = now + Duration::from_millis(400);
+    let mut later = event("orders", "at", None);
+    later.delivery = Delivery::At(at);
+    let at_id = s.insert(later).await.unwrap().id;
+    let mut delayed = event("orders", "after", None);
+    delayed.delivery = Delivery::After(Duration::from_millis(400));
+    let after_id = s.insert(delayed).await.unwrap().id;
+    let now_id = insert(&s, "orders", "now", None).await;
+    let r = req("orders", 10);
+    assert_eq!(
+        ids(&claim(&s, &r).await),
+        vec![now_id],
+        "only the one due now"
+    );
+    let stored = s.get(at_id).await.unwrap().unwrap();
+    assert_eq!(stored.status, Status::Pending);
+    let shown = stored.next_attempt_at.unwrap();
+    assert_eq!(
+        shown.as_millisecond(),
+        at.as_millisecond(),
+        "due at the instant given"
+    );
+    let after_due = s
+        .get(after_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .next_attempt_at
+        .unwrap();
+    assert!(
+        after_due >= now + Duration::from_millis(400),
+        "{after_due} vs {now}"
+    );
+    let next = s.next_due(&r).await.unwrap().unwrap();
+    assert!(next > now && next <= after_due.max(at), "next due {next}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(claim(&s, &r).await.is_empty(), "still early");
+    while s.now().await.unwrap() < after_due.max(at) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut got = ids(&claim(&s, &r).await);
+    got.sort();
+    let mut want = vec![at_id, after_id];
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// A delayed event that claims walked past while it was not due (due
+/// events arrived after it and were taken) is still claimed once it is due.
+pub async fn a_delayed_event_behind_due_ones_is_claimed_once_due(s: S) {
+    let mut delayed = event("orders", "d", None);
+    delayed.delivery = Delivery::After(Duration::from_secs(2));
+    let d = s.insert(delayed).await.unwrap().id;
+    let due = s.get(d).await.unwrap().unwrap().next_attempt_at.unwrap();
+    let r = req("orders", 10);
+    for round in 0..3 {
+        let e = insert(&s, "orders", &format!("e{round}"), None).await;
+        let c = claim(&s, &r).await;
+        if s.now().await.unwrap() >= due {
+            // A machine this slow has made `d` due meanwhile: the rounds
+            // before this one still walked past it while it was not.
+            assert!(round > 0, "the first round took longer than 2 s");
+            break;
+        }
+        assert_eq!(ids(&c), vec![e], "round {round}: only the due event");
+        s.complete(e, c[0].token, Completion::Done).await.unwrap();
+    }
+    while s.now().await.unwrap() < due {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ids(&claim(&s, &r).await).contains(&d), "claimed once due");
 }
 
 /// `filter` as a search without the search's own filters.

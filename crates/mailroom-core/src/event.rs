@@ -141,6 +141,18 @@ impl FromStr for Status {
     }
 }
 
+/// When a new event may first be claimed (SPEC §13 `deliver_at`/`delay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// As soon as it is stored.
+    #[default]
+    Now,
+    /// Not before this instant.
+    At(Timestamp),
+    /// Not before this long after it is stored, on the store's clock.
+    After(std::time::Duration),
+}
+
 /// An event as intake hands it to the store: everything but the processing state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
@@ -166,6 +178,8 @@ pub struct NewEvent {
     pub payload: Bytes,
     /// Attempt budget, from the topic's retry policy.
     pub max_attempts: u32,
+    /// When it may first be claimed (its first `next_attempt_at`).
+    pub delivery: Delivery,
 }
 
 /// One finished (or abandoned) attempt in an event's history.

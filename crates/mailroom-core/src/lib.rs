@@ -33,7 +33,9 @@ pub mod store;
 
 pub use alert::{Alert, AlertKind, AlertRules, AlertRulesError, AttemptWindow};
 pub use error::{Result, StoreError};
-pub use event::{Attempt, AttemptOutcome, Event, EventId, NewEvent, ParseEventIdError, Status};
+pub use event::{
+    Attempt, AttemptOutcome, Delivery, Event, EventId, NewEvent, ParseEventIdError, Status,
+};
 pub use jiff::Timestamp;
 pub use lease::{Claimed, FencingToken};
 pub use mode::{BatchError, BatchSettings, Mode, OnDead};

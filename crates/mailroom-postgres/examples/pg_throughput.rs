@@ -68,6 +68,7 @@ async fn insert(store: &PostgresStore, topic: &str, n: usize) {
                     content_type: Some("application/json".into()),
                     payload: Bytes::from_static(br#"{"hello":"world"}"#),
                     max_attempts: 3,
+                    delivery: mailroom_core::Delivery::Now,
                 };
                 s.insert(e).await.expect("insert");
             }

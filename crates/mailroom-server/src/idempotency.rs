@@ -60,6 +60,12 @@ pub(crate) struct CreateEvent {
     correlation_id: Option<String>,
     /// Causation id.
     causation_id: Option<String>,
+    /// Not run before this instant (RFC 3339); the event is stored and
+    /// acknowledged at once. Not with `delay`.
+    deliver_at: Option<String>,
+    /// Not run before this long after it is stored, on the store's clock
+    /// (e.g. `"90s"`, `"3d"`). Not with `deliver_at`.
+    delay: Option<String>,
 }
 
 /// (scope, key) pairs whose first request is being committed by this
@@ -267,6 +273,23 @@ impl CreateEvent {
         }
         if let Some(v) = self.causation_id {
             draft = draft.causation_id(v);
+        }
+        match (self.deliver_at, self.delay) {
+            (Some(_), Some(_)) => {
+                return Err(Problem::bad_request("give deliver_at or delay, not both"));
+            }
+            (Some(at), None) => {
+                let at = at.parse::<jiff::Timestamp>().map_err(|e| {
+                    Problem::bad_request(format!("deliver_at: not an RFC 3339 time: {e}"))
+                })?;
+                draft = draft.deliver_at(at);
+            }
+            (None, Some(d)) => {
+                let d = mailroom::duration::parse(&d)
+                    .map_err(|e| Problem::bad_request(format!("delay: {e}")))?;
+                draft = draft.delay(d);
+            }
+            (None, None) => {}
         }
         Ok(draft)
     }

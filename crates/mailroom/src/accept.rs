@@ -128,6 +128,7 @@ mod tests {
             content_type: None,
             payload: Bytes::from_static(b"{}"),
             max_attempts: 1,
+            delivery: mailroom_core::Delivery::Now,
         }
     }
 

@@ -62,10 +62,10 @@ pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder,
 // writer of a store) meets them; `mailroom-core`'s module tree stays there.
 pub use mailroom_core::{
     Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
-    BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch,
-    FencingToken, Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome, Page,
-    ParseEventIdError, PurgeReport, ReplayReport, Result, Retention, RetryPolicy, RetryPolicyError,
-    Status, Store, StoreError, Throughput, Timestamp, TopicStats, TopicStream,
+    BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Delivery, Event, EventId,
+    EventSearch, FencingToken, Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome,
+    Page, ParseEventIdError, PurgeReport, ReplayReport, Result, Retention, RetryPolicy,
+    RetryPolicyError, Status, Store, StoreError, Throughput, Timestamp, TopicStats, TopicStream,
 };
 pub use mailroom_core::{alert, duration, event};
 pub use maintenance::AlertNotify;

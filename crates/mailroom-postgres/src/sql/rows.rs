@@ -3,8 +3,8 @@
 
 use super::{col, count, db, event_from_row, events_from_rows, opt_ts, ts};
 use mailroom_core::{
-    Attempt, Event, EventId, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result, Status,
-    StoreError,
+    Attempt, Delivery, Event, EventId, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result,
+    Status, StoreError,
 };
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::{BTreeSet, HashMap};
@@ -21,11 +21,16 @@ WITH inserted AS (
         max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
         content_type, payload)
     SELECT t.id::uuid, t.source, t.topic, t.dedup_key, t.key, t.type, 'pending', 0,
-        t.max_attempts, now(), now(), t.correlation_id, t.causation_id, t.content_type, t.payload
+        t.max_attempts,
+        COALESCE(timestamptz 'epoch' + t.due_at * interval '1 microsecond',
+                 now() + COALESCE(t.due_in, 0) * interval '1 microsecond'),
+        now(), t.correlation_id, t.causation_id, t.content_type, t.payload
     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::text[], $9::text[], $10::bytea[], $11::int8[])
+                $7::text[], $8::text[], $9::text[], $10::bytea[], $11::int8[], $12::int8[],
+                $13::int8[])
          WITH ORDINALITY AS t(id, source, topic, dedup_key, key, type, correlation_id,
-                              causation_id, content_type, payload, max_attempts, ord)
+                              causation_id, content_type, payload, max_attempts, due_at,
+                              due_in, ord)
     ORDER BY t.ord
     ON CONFLICT (source, dedup_key) DO NOTHING
     RETURNING seq, id::text, topic, key, next_attempt_at
@@ -82,6 +87,16 @@ async fn insert_rows(
     };
     let payloads: Vec<Vec<u8>> = events.iter().map(|e| e.payload.to_vec()).collect();
     let budgets: Vec<i64> = events.iter().map(|e| i64::from(e.max_attempts)).collect();
+    // Each event's first due time: an instant (µs since the epoch), or a
+    // delay from the database's `now()`; neither means now.
+    let (due_at, due_in): (Vec<Option<i64>>, Vec<Option<i64>>) = events
+        .iter()
+        .map(|e| match e.delivery {
+            Delivery::Now => (None, None),
+            Delivery::At(at) => (Some(micros_since_epoch(at)), None),
+            Delivery::After(d) => (None, Some(super::micros(d))),
+        })
+        .unzip();
     sqlx::query_as(INSERT)
         .bind(ids)
         .bind(text(|e| Some(&e.source)))
@@ -94,9 +109,16 @@ async fn insert_rows(
         .bind(text(|e| e.content_type.as_deref()))
         .bind(payloads)
         .bind(budgets)
+        .bind(due_at)
+        .bind(due_in)
         .fetch_all(&mut **tx)
         .await
         .map_err(db("inserting events"))
+}
+
+/// `at` as microseconds since the Unix epoch.
+fn micros_since_epoch(at: jiff::Timestamp) -> i64 {
+    at.as_microsecond()
 }
 
 /// The stored ids of `duplicates`, by (source, dedup key).

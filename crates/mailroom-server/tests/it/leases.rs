@@ -28,6 +28,7 @@ async fn expired_lease_is_rescued_and_the_stale_token_refused() {
             content_type: Some("application/json".into()),
             payload: r#"{"job":1}"#.into(),
             max_attempts: 5,
+            delivery: mailroom::Delivery::Now,
         })
         .await
         .expect("insert");

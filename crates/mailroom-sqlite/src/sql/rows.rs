@@ -1,10 +1,10 @@
 //! Rows: inserting an event, reading one with its history, and listing
 //! (or searching, or counting) them a page at a time.
 
-use super::{col, db, opt_ts, query_events, ts};
+use super::{after, col, db, opt_ts, query_events, ts};
 use mailroom_core::{
-    Attempt, Event, EventId, EventSearch, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result,
-    StoreError,
+    Attempt, Delivery, Event, EventId, EventSearch, Inserted, KeyCursor, ListFilter, NewEvent,
+    Page, Result, StoreError,
 };
 use rusqlite::{Connection, OptionalExtension, ToSql};
 
@@ -12,8 +12,8 @@ use rusqlite::{Connection, OptionalExtension, ToSql};
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
 
-/// Stores `e` as pending and due now, unless its (source, dedup key) is
-/// already stored: then answers with the stored id.
+/// Stores `e` as pending, due as its [`Delivery`] says, unless its (source,
+/// dedup key) is already stored: then answers with the stored id.
 pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Inserted> {
     const CTX: &str = "inserting an event";
     let id = e.id.to_string();
@@ -22,7 +22,7 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
             "INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts,
                  max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
                  content_type, payload)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?8, ?8, ?9, ?10, ?11, ?12)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?13, ?8, ?9, ?10, ?11, ?12)
              ON CONFLICT (source, dedup_key) DO NOTHING",
         )
         .map_err(db(CTX))?
@@ -39,6 +39,7 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
             &e.causation_id,
             &e.content_type,
             &e.payload[..],
+            due(e.delivery, now),
         ))
         .map_err(db(CTX))?;
     if inserted == 1 {
@@ -57,6 +58,15 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
         id,
         duplicate: true,
     })
+}
+
+/// When an event delivered as `delivery` and stored at `now` is first due.
+fn due(delivery: Delivery, now: i64) -> i64 {
+    match delivery {
+        Delivery::Now => now,
+        Delivery::At(at) => at.as_millisecond(),
+        Delivery::After(d) => after(now, d),
+    }
 }
 
 /// One event without its history, with its `seq`.

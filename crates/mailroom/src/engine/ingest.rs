@@ -49,6 +49,7 @@ pub struct Draft {
     correlation_id: Option<String>,
     causation_id: Option<String>,
     source: String,
+    delivery: mailroom_core::Delivery,
 }
 
 impl Draft {
@@ -64,6 +65,7 @@ impl Draft {
             correlation_id: None,
             causation_id: None,
             source: "api".into(),
+            delivery: mailroom_core::Delivery::Now,
         }
     }
 
@@ -110,6 +112,20 @@ impl Draft {
         self
     }
 
+    /// Not claimed before `at` (SPEC §13 `deliver_at`); stored and
+    /// acknowledged at once.
+    pub fn deliver_at(mut self, at: jiff::Timestamp) -> Self {
+        self.delivery = mailroom_core::Delivery::At(at);
+        self
+    }
+
+    /// Not claimed before `delay` after it is stored, on the store's clock
+    /// (SPEC §13 `delay`).
+    pub fn delay(mut self, delay: std::time::Duration) -> Self {
+        self.delivery = mailroom_core::Delivery::After(delay);
+        self
+    }
+
     /// Source name recorded on the event (default `api`).
     pub fn source(mut self, s: impl Into<String>) -> Self {
         self.source = s.into();
@@ -138,6 +154,7 @@ impl Engine {
             content_type: draft.content_type,
             payload: draft.payload,
             max_attempts: topic.retry.max_attempts,
+            delivery: draft.delivery,
         };
         admit(topic, event)
     }

@@ -99,6 +99,7 @@ pub fn build_event(
         content_type: header("content-type"),
         payload: body,
         max_attempts: topic.retry.max_attempts,
+        delivery: mailroom_core::Delivery::Now,
     })
 }
 
