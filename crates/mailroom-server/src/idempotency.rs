@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use mailroom::accept::MAX_FIELD_LEN;
 use mailroom::answer::EventObject;
-use mailroom::{Draft, Event, NewEvent, Status};
+use mailroom::{Delivery, Draft, Event, NewEvent, Status};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -155,11 +155,17 @@ fn scope(s: &AppState, headers: &HeaderMap) -> String {
 /// and every replay are built by this one function from the stored row, so
 /// a replay answers exactly the original status and body even after the
 /// event was processed.
-fn as_committed(mut event: Event, max_attempts: u32) -> Value {
+fn as_committed(mut event: Event, max_attempts: u32, delivery: Delivery) -> Value {
     event.status = Status::Pending;
     event.attempts = 0;
     event.max_attempts = max_attempts;
-    event.next_attempt_at = Some(event.received_at);
+    // The first due time, as the store set it from the same clock reading
+    // as `received_at`.
+    event.next_attempt_at = Some(match delivery {
+        Delivery::Now => event.received_at,
+        Delivery::At(at) => at,
+        Delivery::After(d) => event.received_at + d,
+    });
     event.last_error = None;
     event.lease_until = None;
     event.history.clear();
@@ -214,7 +220,7 @@ pub(crate) async fn create(
     }
     let max_attempts = accepted.event().max_attempts;
     Ok(created(
-        as_committed(stored, max_attempts),
+        as_committed(stored, max_attempts, accepted.event().delivery),
         inserted.duplicate,
     ))
 }

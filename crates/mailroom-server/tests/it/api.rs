@@ -370,3 +370,63 @@ async fn cancel_one_and_by_filter_with_a_preview() {
         .await;
     assert_eq!(again["status"], "pending", "{again}");
 }
+
+/// `POST /v1/events` with `delay` or `deliver_at` answers 201 at once with
+/// the event pending and due then (`next_attempt_at`); both at once, a bad
+/// time or a bad duration answer 400 and store nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_events_can_be_delivered_later() {
+    let server = start(|store| Engine::builder(store).topic(TopicSpec::new("later"))).await;
+    let post = |key: &str, extra: Value| {
+        let mut body = json!({"topic": "later", "payload": {"k": key}});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        server
+            .http
+            .post(server.url("/v1/events"))
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+    };
+    let before = jiff::Timestamp::now();
+    let delayed: Value = {
+        let resp = post("d", json!({"delay": "1h"})).await.expect("POST");
+        assert_eq!(resp.status(), 201);
+        resp.json().await.expect("json")
+    };
+    assert_eq!(delayed["status"], "pending");
+    let due: jiff::Timestamp = delayed["next_attempt_at"]
+        .as_str()
+        .expect("due")
+        .parse()
+        .expect("time");
+    assert!(
+        due >= before + std::time::Duration::from_secs(3590),
+        "{due}"
+    );
+    let at = "2099-01-02T03:04:05Z";
+    let resp = post("a", json!({"deliver_at": at})).await.expect("POST");
+    assert_eq!(resp.status(), 201);
+    let scheduled: Value = resp.json().await.expect("json");
+    assert_eq!(scheduled["next_attempt_at"], at, "{scheduled}");
+    for (key, bad) in [
+        ("both", json!({"delay": "1h", "deliver_at": at})),
+        ("bad-time", json!({"deliver_at": "tomorrow"})),
+        ("bad-delay", json!({"delay": "soon"})),
+    ] {
+        let resp = post(key, bad).await.expect("POST");
+        expect_problem(resp, 400).await;
+    }
+    let list = server.get_json("/v1/events?topic=later").await;
+    assert_eq!(ids(&list["events"]).len(), 2, "{list}");
+    assert!(
+        server
+            .engine
+            .claim("later", 10, None, "w")
+            .await
+            .expect("claim")
+            .is_empty(),
+        "nothing due yet"
+    );
+}
