@@ -1,6 +1,7 @@
 //! The attacks, one file each, and what they share: a fresh store, a
 //! config directory, the recorder and the recording handler endpoint.
 
+mod cluster;
 mod diskfull;
 mod kill9;
 mod lease;
@@ -37,6 +38,11 @@ pub const ALL: &[Scenario] = &[
         name: "kill9",
         applies: any_store,
         run: |quick, b| Box::pin(kill9::run(quick, b)),
+    },
+    Scenario {
+        name: "cluster",
+        applies: cluster::applies,
+        run: |quick, b| Box::pin(cluster::run(quick, b)),
     },
     Scenario {
         name: "diskfull",
