@@ -229,6 +229,9 @@ pub struct SourceConfig {
     pub event_type: Option<FieldConfig>,
     /// Where the ordering key lives (overrides the topic's).
     pub key: Option<FieldConfig>,
+    /// Where an RFC 3339 time lives before which the event must not run
+    /// (`{ header = "..." }` or `{ json = "/pointer" }`).
+    pub deliver_at: Option<FieldConfig>,
     /// Signature verification.
     pub verify: Option<VerifyConfig>,
     /// Largest accepted body, e.g. `"1MiB"` or `65536`.

@@ -22,6 +22,7 @@ pub(crate) fn source_spec(
         id: field_at(&s.id, "id")?.into_iter().collect(),
         event_type: field_at(&s.event_type, "type")?,
         key: field_at(&s.key, "key")?,
+        deliver_at: field_at(&s.deliver_at, "deliver_at")?,
         verifier: None,
         max_body: s.max_body.map(|b| b.0).unwrap_or(DEFAULT_MAX_BODY),
         rate_limit: s

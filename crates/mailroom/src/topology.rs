@@ -238,6 +238,9 @@ pub struct SourceSpec {
     pub event_type: Option<Field>,
     /// Where the ordering key lives (overrides the topic's).
     pub key: Option<Field>,
+    /// Where an RFC 3339 time before which the event must not run lives
+    /// (SPEC §13); absent in a request means now.
+    pub deliver_at: Option<Field>,
     /// Signature verification, checked before anything else.
     pub verifier: Option<mailroom_signatures::Verifier>,
     /// Largest accepted body in bytes.
@@ -291,6 +294,7 @@ impl SourceSpec {
             id: vec![],
             event_type: None,
             key: None,
+            deliver_at: None,
             verifier: None,
             max_body: DEFAULT_MAX_BODY,
             rate_limit: None,
@@ -315,7 +319,8 @@ impl SourceSpec {
         }
         let fields = (self.id.iter().map(|f| ("id", f)))
             .chain(self.event_type.iter().map(|f| ("type", f)))
-            .chain(self.key.iter().map(|f| ("key", f)));
+            .chain(self.key.iter().map(|f| ("key", f)))
+            .chain(self.deliver_at.iter().map(|f| ("deliver_at", f)));
         for (key, f) in fields {
             f.validate().map_err(|e| SourceSpecError::Field(key, e))?;
         }

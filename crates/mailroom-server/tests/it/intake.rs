@@ -260,3 +260,46 @@ async fn oversize_uploads_receive_their_413() {
     assert_eq!(ok.status(), 200);
     server.stop().await;
 }
+
+/// A source with `deliver_at = { header = "x-deliver-at" }`: a webhook
+/// carrying an RFC 3339 time there is stored at once and due then; one
+/// without it is due now; an unusable time is a 400 and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_reads_deliver_at_from_a_header() {
+    let server = start(|store| {
+        let mut later = SourceSpec::new("later", "later");
+        later.deliver_at = Some(Field::Header("x-deliver-at".into()));
+        Engine::builder(store)
+            .topic(TopicSpec::new("later"))
+            .source(later)
+    })
+    .await;
+    let at = "2099-01-02T03:04:05Z";
+    let server = &server;
+    let send = |id: &'static str, deliver_at: Option<&'static str>| async move {
+        let mut headers = vec![("webhook-id", id), ("content-type", "application/json")];
+        if let Some(at) = deliver_at {
+            headers.push(("x-deliver-at", at));
+        }
+        server.webhook("later", &headers, "{}").await
+    };
+    let resp = send("w-later", Some(at)).await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.json::<Value>().await.expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let e = server.event(&id).await;
+    assert_eq!(e["status"], "pending");
+    assert_eq!(e["next_attempt_at"], at, "{e}");
+    let now = send("w-now", None).await;
+    assert_eq!(now.status(), 200);
+    let bad = send("w-bad", Some("next tuesday")).await;
+    assert_eq!(bad.status(), 400);
+    let list = server.get_json("/v1/events?topic=later").await;
+    assert_eq!(
+        list["events"].as_array().expect("events").len(),
+        2,
+        "{list}"
+    );
+}

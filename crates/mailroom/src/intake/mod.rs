@@ -12,7 +12,7 @@ pub(crate) mod verify;
 use crate::topology::{Field, SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
-use mailroom_core::{EventId, NewEvent};
+use mailroom_core::{Delivery, EventId, NewEvent};
 use sha2::{Digest, Sha256};
 
 use crate::accept::MAX_FIELD_LEN;
@@ -78,6 +78,18 @@ pub fn build_event(
         Some(field) => read(field, headers, &mut json, "key")?,
         None => None,
     };
+    let delivery = match &source.deliver_at {
+        Some(field) => match read(field, headers, &mut json, "deliver_at")? {
+            Some(text) => Delivery::At(text.parse().map_err(|_| {
+                IntakeError::BadRequest(format!(
+                    "deliver_at ({}): {text:?} is not an RFC 3339 time",
+                    describe(field)
+                ))
+            })?),
+            None => Delivery::Now,
+        },
+        None => Delivery::Now,
+    };
     // Optional headers too long to keep are dropped, not refused: the
     // sender did not choose to send them for mailroom.
     let header = |name: &str| {
@@ -99,7 +111,7 @@ pub fn build_event(
         content_type: header("content-type"),
         payload: body,
         max_attempts: topic.retry.max_attempts,
-        delivery: mailroom_core::Delivery::Now,
+        delivery,
     })
 }
 
