@@ -17,7 +17,9 @@
 #          chromium-driver, installed when missing: mailroom-cli's dashboard
 #          browser test)
 # 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
-#    `cargo test --workspace --doc [ARGS]` (both run even if the first fails);
+#    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
+#    then, for the whole workspace, the quick fault matrix on both stores
+#    (`mailroom-bench faults --quick`, debug build; crates/mailroom-bench/README.md);
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
 #    exits non-zero if either test step failed.
 #
@@ -34,6 +36,7 @@
 #                     run it in one terminal, paste the exports in another,
 #                     and use cargo nextest / cargo test directly.
 #   --no-doc          skip the doctest step.
+#   --no-faults       skip the fault matrix.
 #   -h, --help        this text.
 # For detached services see scripts/services.sh (up | env | down | status).
 #
@@ -51,11 +54,13 @@ source "$REPO_ROOT/scripts/lib/services.sh"
 
 services_only=false
 run_doc=true
+run_faults=true
 cargo_args=()
 while (($#)); do
   case "$1" in
     --services-only) services_only=true ;;
     --no-doc) run_doc=false ;;
+    --no-faults) run_faults=false ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) cargo_args+=("$1") ;;
   esac
@@ -134,6 +139,24 @@ if $run_doc; then
   "${doc_cmd[@]}" || doc_rc=$?
   mr_log "doctests finished (exit $doc_rc) in $(mr_since "$t")"
   ((rc != 0)) || rc=$doc_rc
+fi
+
+# The fault matrix attacks the real binary (kill -9, a full disk, hung and
+# poisoned handlers, duplicate storms, SIGTERM, a three-instance cluster) and
+# fails if anything acknowledged is lost or processed twice at once.
+if $run_faults && ((${#scope[@]})); then
+  section "fault matrix: mailroom-bench faults --quick --store both"
+  t="$(mr_now)"
+  faults_rc=0
+  target_dir="$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+  cargo build -p mailroom-bench -p mailroom-cli || faults_rc=$?
+  if ((faults_rc == 0)); then
+    MAILROOM_BIN="$target_dir/debug/mailroom" "$target_dir/debug/mailroom-bench" faults \
+      --quick --store both --postgres-url "$MAILROOM_TEST_POSTGRES_URL" || faults_rc=$?
+  fi
+  mr_log "fault matrix finished (exit $faults_rc) in $(mr_since "$t")"
+  ((rc != 0)) || rc=$faults_rc
 fi
 
 if ((rc == 0)); then section "tests passed"; else section "tests FAILED (exit $rc)"; fi
