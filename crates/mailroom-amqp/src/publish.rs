@@ -14,7 +14,7 @@
 
 use crate::confirms::{Confirms, SEQ_HEADER, Ticket, Verdict};
 use crate::error::{AmqpError, Result, short};
-use crate::source::CAUSATION_HEADER;
+use crate::source::{CAUSATION_HEADER, TRACEPARENT_HEADER};
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -171,6 +171,9 @@ impl AmqpHandler {
         );
         if let Some(c) = &event.causation_id {
             headers.insert(CAUSATION_HEADER.into(), text(c));
+        }
+        if let Some(t) = mailroom::handler::outgoing_traceparent(event) {
+            headers.insert(TRACEPARENT_HEADER.into(), text(&t));
         }
         let content_type = match self.inner.spec.envelope {
             true => Some("application/json".to_string()),

@@ -31,6 +31,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Header carrying the causation id (SPEC §13), read and written by mailroom.
 pub const CAUSATION_HEADER: &str = "mailroom-causation-id";
+/// Header carrying the W3C `traceparent` (SPEC §13), read with a message
+/// and written (as a child) on every publish.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
 
 /// First and longest pause after a failed commit.
 const PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
@@ -294,6 +297,9 @@ impl AmqpSource {
         let causation = message.header(CAUSATION_HEADER);
         if let Some(c) = causation.or_else(|| message.envelope("causationId")) {
             draft = draft.causation_id(c);
+        }
+        if let Some(t) = message.header(TRACEPARENT_HEADER) {
+            draft = draft.traceparent(&t);
         }
         match message.property(props.content_type()) {
             Some(ct) => draft = draft.content_type(ct),

@@ -72,6 +72,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     let mut new = event("orders", "evt-1", Some("customer-7"));
     new.correlation_id = Some("corr-1".into());
     new.causation_id = Some("cause-1".into());
+    new.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
     new.content_type = Some("application/octet-stream".into());
     new.payload = Bytes::from_static(b"\x00\xffbinary");
     new.max_attempts = 9;
@@ -87,6 +88,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     assert_eq!(got.event_type, new.event_type);
     assert_eq!(got.correlation_id, new.correlation_id);
     assert_eq!(got.causation_id, new.causation_id);
+    assert_eq!(got.traceparent, new.traceparent);
     assert_eq!(got.content_type, new.content_type);
     assert_eq!(got.payload, Some(new.payload.clone()));
     assert_eq!(got.max_attempts, 9);
@@ -108,6 +110,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     s.insert(bare.clone()).await.unwrap();
     let got = s.get(bare.id).await.unwrap().unwrap();
     assert_eq!(got.key, None);
+    assert_eq!(got.traceparent, None);
     assert_eq!(got.event_type, None);
     assert_eq!(got.content_type, None);
     assert_eq!(

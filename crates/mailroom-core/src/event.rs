@@ -172,6 +172,8 @@ pub struct NewEvent {
     pub correlation_id: Option<String>,
     /// Id of the event that caused this one.
     pub causation_id: Option<String>,
+    /// W3C `traceparent` received with it (valid: see [`TraceParent`](crate::TraceParent)).
+    pub traceparent: Option<String>,
     /// Content type of `payload`, as received.
     pub content_type: Option<String>,
     /// The payload bytes, exactly as received.
@@ -269,6 +271,8 @@ pub struct Event {
     pub correlation_id: Option<String>,
     /// Causation id.
     pub causation_id: Option<String>,
+    /// W3C `traceparent` received with it.
+    pub traceparent: Option<String>,
     /// Content type of the payload.
     pub content_type: Option<String>,
     /// Payload bytes; `None` once retention purged them (the row stays for dedup).

@@ -30,6 +30,7 @@ pub mod mode;
 pub mod outcome;
 pub mod retry;
 pub mod store;
+pub mod trace;
 
 pub use alert::{Alert, AlertKind, AlertRules, AlertRulesError, AttemptWindow};
 pub use error::{Result, StoreError};
@@ -45,3 +46,4 @@ pub use store::{
     ClaimRequest, EventSearch, Inserted, KeyCursor, ListFilter, Page, PurgeReport, ReplayReport,
     Retention, Store, Throughput, TopicStats, TopicStream,
 };
+pub use trace::TraceParent;

@@ -406,6 +406,7 @@ mod tests {
                 received_at: Timestamp::UNIX_EPOCH,
                 correlation_id: None,
                 causation_id: None,
+                traceparent: None,
                 content_type: None,
                 payload: None,
                 last_error: None,

@@ -279,6 +279,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE mailroom.events ADD CONSTRAINT events_status_check CHECK
         (status IN ('pending', 'running', 'done', 'dead', 'skipped', 'cancelled', 'expired'));
     "#,
+    // 9: the W3C traceparent received with an event, forwarded (as a child)
+    // to its handler calls. NULL without one, and for outbox rows
+    // (`mailroom.enqueue` does not take one).
+    r#"
+    ALTER TABLE mailroom.events ADD COLUMN traceparent text;
+    "#,
 ];
 
 /// Applies the missing migrations in one transaction that first takes
@@ -419,7 +425,13 @@ mod tests {
             .await
             .unwrap();
         store.migrate().await.unwrap();
-        assert_eq!(rows(&pool, "mailroom.events").await, events);
+        let mut after = rows(&pool, "mailroom.events").await;
+        // Columns of later migrations (9: traceparent) start NULL.
+        for row in &mut after {
+            let added = row.as_object_mut().and_then(|r| r.remove("traceparent"));
+            assert_eq!(added, Some(serde_json::Value::Null));
+        }
+        assert_eq!(after, events);
         assert_eq!(rows(&pool, "mailroom.attempts").await, attempts);
         let x1 = store.get(id_of(&pool, "x1").await).await.unwrap().unwrap();
         assert_eq!(

@@ -183,7 +183,10 @@ fn created(body: Value, replayed: bool) -> Response {
 
 /// Stores an event once per `Idempotency-Key`.
 #[utoipa::path(post, path = "/events", tag = "events", request_body = CreateEvent,
-    params(("Idempotency-Key" = String, Header, description = "Makes a retry safe: a repeat with the same body gets the first answer")),
+    params(
+        ("Idempotency-Key" = String, Header, description = "Makes a retry safe: a repeat with the same body gets the first answer"),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: stored with the event and forwarded (as a child) to every handler call; a malformed one is ignored"),
+    ),
     responses((status = 201, description = "The event as committed", body = mailroom::answer::EventObject,
         headers(("idempotent-replayed" = String, description = "`true` on a repeat")))))]
 pub(crate) async fn create(
@@ -196,7 +199,11 @@ pub(crate) async fn create(
     let scope = scope(&s, &headers);
     // The topic's rules (mailroom::accept) refuse with 400 before anything
     // is stored or marked in flight.
-    let accepted = s.engine.accept(req.draft(key.clone(), scope.clone())?)?;
+    let mut draft = req.draft(key.clone(), scope.clone())?;
+    if let Some(t) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        draft = draft.traceparent(t);
+    }
+    let accepted = s.engine.accept(draft)?;
     let Some(guard) = s.inflight.enter(&scope, &key) else {
         return Err(Problem::new(
             StatusCode::CONFLICT,

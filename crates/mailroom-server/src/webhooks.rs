@@ -26,7 +26,10 @@ pub struct WebhookAnswer {
 /// Receives one webhook: verified, deduplicated and committed before the
 /// answer. The body is stored as sent, with its content type.
 #[utoipa::path(post, path = "/webhooks/{source}", tag = "intake",
-    params(("source" = String, Path, description = "A declared source (or, on loopback, any name)")),
+    params(
+        ("source" = String, Path, description = "A declared source (or, on loopback, any name)"),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: stored with the event and forwarded (as a child) to every handler call; a malformed one is ignored"),
+    ),
     request_body(content = Vec<u8>, content_type = "*/*", description = "The provider's payload, as sent"),
     responses(
         (status = 200, description = "Stored (or already stored)", body = WebhookAnswer),

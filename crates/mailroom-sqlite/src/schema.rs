@@ -97,6 +97,11 @@ const MIGRATIONS: &[Migration] = &[
     // of the whole table. Their counts come from an index of their own, as
     // dead and skipped ones do.
     Code(widen_status_check),
+    // 5: the W3C traceparent received with an event, forwarded (as a child)
+    // to its handler calls. NULL for events that came without one.
+    Sql("
+    ALTER TABLE events ADD COLUMN traceparent TEXT;
+    "),
 ];
 
 /// Applies the missing migrations. Runs on the writer thread inside its

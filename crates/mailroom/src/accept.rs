@@ -125,6 +125,7 @@ mod tests {
             event_type: None,
             correlation_id: None,
             causation_id: None,
+            traceparent: None,
             content_type: None,
             payload: Bytes::from_static(b"{}"),
             max_attempts: 1,

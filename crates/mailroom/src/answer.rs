@@ -58,6 +58,9 @@ pub struct EventObject<'a> {
     pub correlation_id: Option<&'a str>,
     /// Causation id.
     pub causation_id: Option<&'a str>,
+    /// W3C `traceparent` received with the event (absent when none was).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<&'a str>,
     /// Content type of the payload.
     pub content_type: Option<&'a str>,
     /// The payload as JSON, or null.
@@ -100,6 +103,7 @@ impl<'a> EventObject<'a> {
             received_at: e.received_at,
             correlation_id: e.correlation_id.as_deref(),
             causation_id: e.causation_id.as_deref(),
+            traceparent: e.traceparent.as_deref(),
             content_type: e.content_type.as_deref(),
             payload,
             payload_base64,
@@ -325,6 +329,7 @@ mod tests {
             received_at: Timestamp::UNIX_EPOCH,
             correlation_id: None,
             causation_id: None,
+            traceparent: None,
             content_type: None,
             payload: Some(Bytes::copy_from_slice(payload)),
             last_error: None,

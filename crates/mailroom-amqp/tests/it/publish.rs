@@ -318,6 +318,7 @@ fn event_keyed(key: &str, n: usize) -> Event {
         received_at: jiff::Timestamp::now(),
         correlation_id: None,
         causation_id: None,
+        traceparent: None,
         content_type: None,
         payload: Some(bytes::Bytes::from(vec![b'x'; 64])),
         last_error: None,

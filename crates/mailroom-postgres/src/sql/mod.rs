@@ -41,7 +41,8 @@ macro_rules! event_cols {
             ", ",
             us!("e.received_at"),
             ", e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, ",
-            us!("e.lease_until")
+            us!("e.lease_until"),
+            ", e.traceparent"
         )
     };
 }
@@ -110,7 +111,7 @@ pub(super) fn count(row: &PgRow, i: usize) -> Result<u32> {
 }
 
 /// How many columns `event_cols!()` selects.
-pub(super) const EVENT_COLS: usize = 18;
+pub(super) const EVENT_COLS: usize = 19;
 
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
@@ -134,6 +135,7 @@ pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
         payload: col::<Option<Vec<u8>>>(row, 15)?.map(Bytes::from),
         last_error: col(row, 16)?,
         lease_until: opt_ts(col(row, 17)?)?,
+        traceparent: col(row, 18)?,
         history: Vec::new(),
     };
     Ok((col(row, 0)?, event))

@@ -21,7 +21,7 @@ macro_rules! event_cols {
     () => {
         "seq, id, source, topic, dedup_key, key, type, status, attempts, max_attempts, \
          next_attempt_at, received_at, correlation_id, causation_id, content_type, payload, \
-         last_error, lease_until"
+         last_error, lease_until, traceparent"
     };
 }
 
@@ -112,6 +112,7 @@ pub(super) fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
         payload: payload_col(row, 15)?,
         last_error: col(row, 16)?,
         lease_until: opt_ts(col(row, 17)?)?,
+        traceparent: col(row, 18)?,
         history: Vec::new(),
     };
     Ok((col(row, 0)?, event))

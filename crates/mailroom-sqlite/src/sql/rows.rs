@@ -21,8 +21,8 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
         .prepare_cached(
             "INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts,
                  max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
-                 content_type, payload)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?13, ?8, ?9, ?10, ?11, ?12)
+                 content_type, payload, traceparent)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?13, ?8, ?9, ?10, ?11, ?12, ?14)
              ON CONFLICT (source, dedup_key) DO NOTHING",
         )
         .map_err(db(CTX))?
@@ -40,6 +40,7 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
             &e.content_type,
             &e.payload[..],
             due(e.delivery, now),
+            &e.traceparent,
         ))
         .map_err(db(CTX))?;
     if inserted == 1 {

@@ -48,6 +48,7 @@ pub struct Draft {
     event_type: Option<String>,
     correlation_id: Option<String>,
     causation_id: Option<String>,
+    traceparent: Option<String>,
     source: String,
     delivery: mailroom_core::Delivery,
 }
@@ -64,6 +65,7 @@ impl Draft {
             event_type: None,
             correlation_id: None,
             causation_id: None,
+            traceparent: None,
             source: "api".into(),
             delivery: mailroom_core::Delivery::Now,
         }
@@ -103,6 +105,14 @@ impl Draft {
     /// Causation id.
     pub fn causation_id(mut self, c: impl Into<String>) -> Self {
         self.causation_id = Some(c.into());
+        self
+    }
+
+    /// The W3C `traceparent` the event arrived with, to be forwarded (as a
+    /// child) to every handler call. A malformed one is ignored, per the
+    /// W3C recommendation: the event is still taken, without a trace.
+    pub fn traceparent(mut self, value: &str) -> Self {
+        self.traceparent = mailroom_core::TraceParent::parse(value).map(|t| t.to_string());
         self
     }
 
@@ -151,6 +161,7 @@ impl Engine {
             event_type: draft.event_type,
             correlation_id: draft.correlation_id,
             causation_id: draft.causation_id,
+            traceparent: draft.traceparent,
             content_type: draft.content_type,
             payload: draft.payload,
             max_attempts: topic.retry.max_attempts,

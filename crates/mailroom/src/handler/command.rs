@@ -117,6 +117,10 @@ impl Handler for CommandHandler {
                 env.push((name, v.clone()));
             }
         }
+        // W3C Trace Context's name for it outside HTTP headers.
+        if let Some(t) = super::outgoing_traceparent(event) {
+            env.push(("TRACEPARENT", t));
+        }
         self.run(event.payload.clone().unwrap_or_default(), env)
             .await
     }

@@ -218,6 +218,9 @@ impl Handler for HttpHandler {
                 extra.push((name, v.clone()));
             }
         }
+        if let Some(t) = super::outgoing_traceparent(event) {
+            extra.push(("traceparent", t));
+        }
         let content_type = event
             .content_type
             .as_deref()

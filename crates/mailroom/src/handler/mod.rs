@@ -64,6 +64,16 @@ impl<T: Into<Outcome>> From<T> for BatchOutcome {
 /// A shared handler.
 pub type SharedHandler = Arc<dyn Handler>;
 
+/// The W3C `traceparent` to send with one handler call of `event`: a child
+/// of the one it arrived with (same trace id and flags, a fresh span id per
+/// call, so each attempt is its own span of the trace), or `None` when it
+/// came without one. Sent as the HTTP header and the AMQP header
+/// `traceparent`, and the command's `TRACEPARENT` variable (SPEC §13).
+pub fn outgoing_traceparent(event: &Event) -> Option<String> {
+    let parent = mailroom_core::TraceParent::parse(event.traceparent.as_deref()?)?;
+    Some(parent.child(rand::random()).to_string())
+}
+
 /// Wraps an async closure as a [`Handler`]. The closure gets the event (with
 /// its payload) and returns anything convertible into an [`Outcome`] — an
 /// `Outcome`, or a `Result<(), E: Display>` where `Err` means "retry".

@@ -108,6 +108,10 @@ pub fn build_event(
         event_type,
         correlation_id: header("x-correlation-id").or_else(|| header("x-request-id")),
         causation_id: header("x-causation-id"),
+        // W3C Trace Context: a malformed traceparent is ignored, not refused.
+        traceparent: header("traceparent")
+            .and_then(|v| mailroom_core::TraceParent::parse(&v))
+            .map(|t| t.to_string()),
         content_type: header("content-type"),
         payload: body,
         max_attempts: topic.retry.max_attempts,
