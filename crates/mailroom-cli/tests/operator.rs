@@ -190,6 +190,28 @@ async fn cancel_by_id_and_by_filter_with_a_preview() {
     let report: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(report["cancelled"], 3, "{out}");
 
+    // `mailroom status` names a column for every status, in the order of
+    // the row's values.
+    let (ok, out, err) = mailroom(dir.path(), &["status"]);
+    assert!(ok, "{err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .take(2)
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect()
+        })
+        .collect();
+    let (header, row) = (&lines[0], &lines[1]);
+    assert_eq!(header.len(), row.len(), "{out}");
+    let column = header
+        .iter()
+        .position(|h| *h == "CANCELLED")
+        .expect("a CANCELLED column");
+    assert_eq!(row[column], "4", "{out}");
+
     let stats = engine.stats().await.expect("stats");
     let orders = stats.iter().find(|t| t.topic == "orders").expect("orders");
     assert_eq!(orders.count(mailroom::Status::Cancelled), 4);

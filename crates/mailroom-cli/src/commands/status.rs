@@ -51,20 +51,14 @@ fn print_table(topics: &[TopicAnswer]) {
             row
         })
         .collect();
-    out!(
-        "{}",
-        render(
-            &[
-                "TOPIC",
-                "PENDING",
-                "RUNNING",
-                "DONE",
-                "DEAD",
-                "SKIPPED",
-                "OLDEST PENDING",
-                "BLOCKED KEYS"
-            ],
-            &rows
-        )
-    );
+    // One column per status, named from the same list the rows are read
+    // with, so a status added later cannot shift the columns.
+    let statuses: Vec<String> = Status::ALL
+        .iter()
+        .map(|st| st.as_str().to_uppercase())
+        .collect();
+    let mut headers = vec!["TOPIC"];
+    headers.extend(statuses.iter().map(String::as_str));
+    headers.extend(["OLDEST PENDING", "BLOCKED KEYS"]);
+    out!("{}", render(&headers, &rows));
 }
