@@ -58,8 +58,8 @@ async fn cleanup(conn: &Connection, queues: &[String], exchanges: &[String]) {
     }
 }
 
-/// Ready messages in `queue` (a passive declare; panics if it does not exist).
-async fn ready(conn: &Connection, queue: &str) -> u32 {
+/// `queue` as a passive declare sees it now (panics if it does not exist).
+async fn passive(conn: &Connection, queue: &str) -> lapin::Queue {
     let ch = conn.create_channel().await.expect("channel");
     let passive = QueueDeclareOptions {
         passive: true,
@@ -70,7 +70,12 @@ async fn ready(conn: &Connection, queue: &str) -> u32 {
         .await
         .unwrap_or_else(|e| panic!("queue {queue} exists: {e}"));
     let _ = ch.close(200, "OK".into()).await;
-    q.message_count()
+    q
+}
+
+/// Ready messages in `queue`.
+async fn ready(conn: &Connection, queue: &str) -> u32 {
+    passive(conn, queue).await.message_count()
 }
 
 /// Publishes `messages` (routing key, properties, body) to `exchange` with
@@ -906,19 +911,9 @@ async fn sigterm_while_consuming_acks_what_is_stored_and_returns_the_rest() {
     cleanup(&conn, &queues, &exchanges).await;
 }
 
-/// Consumers (of the queue) at this moment, by a passive declare.
+/// Consumers of `queue` at this moment.
 async fn consumers(conn: &Connection, queue: &str) -> u32 {
-    let ch = conn.create_channel().await.expect("channel");
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let q = ch
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-        .unwrap_or_else(|e| panic!("queue {queue} exists: {e}"));
-    let _ = ch.close(200, "OK".into()).await;
-    q.consumer_count()
+    passive(conn, queue).await.consumer_count()
 }
 
 /// SIGTERM stops consuming at once, even while an attempt keeps the engine

@@ -396,16 +396,24 @@ fn envelope(e: &Event) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The event id of an action's path; an unusable one is a 404 page.
+fn action_id(id: &str) -> Result<EventId, PageError> {
+    id.parse().map_err(|_| PageError::NotFound("no such event"))
+}
+
+/// Back to the event's page, which says what was just `done`.
+fn done(id: EventId, done: &str) -> Response {
+    Redirect::to(&format!("/ui/events/{id}?done={done}")).into_response()
+}
+
 /// `POST /ui/events/{id}/replay`: back to pending with a fresh budget.
 pub(crate) async fn replay(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let id: EventId = id
-        .parse()
-        .map_err(|_| PageError::NotFound("no such event"))?;
+    let id = action_id(&id)?;
     s.engine.replay(id).await?;
-    Ok(Redirect::to(&format!("/ui/events/{id}?done=replay")).into_response())
+    Ok(done(id, "replay"))
 }
 
 /// `POST /ui/events/{id}/skip`: a dead head skipped, its key unblocked.
@@ -413,11 +421,9 @@ pub(crate) async fn skip(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let id: EventId = id
-        .parse()
-        .map_err(|_| PageError::NotFound("no such event"))?;
+    let id = action_id(&id)?;
     s.engine.skip(id).await?;
-    Ok(Redirect::to(&format!("/ui/events/{id}?done=skip")).into_response())
+    Ok(done(id, "skip"))
 }
 
 /// `POST /ui/events/{id}/cancel`: a pending event withdrawn.
@@ -425,9 +431,7 @@ pub(crate) async fn cancel(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
-    let id: EventId = id
-        .parse()
-        .map_err(|_| PageError::NotFound("no such event"))?;
+    let id = action_id(&id)?;
     s.engine.cancel(id).await?;
-    Ok(Redirect::to(&format!("/ui/events/{id}?done=cancel")).into_response())
+    Ok(done(id, "cancel"))
 }
