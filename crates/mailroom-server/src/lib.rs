@@ -11,6 +11,9 @@
 //! - [`limits`]: load shedding — header and body read deadlines, header
 //!   limits, caps on connections and requests in flight (503), per-source
 //!   rate limits (429).
+//! - module `rejections`: rejected requests and connections (401, 400,
+//!   408, 413, slow or malformed) logged once per class per window, with
+//!   their count, so a flood never floods the log.
 //! - `POST /v1/events` with `Idempotency-Key` (module `idempotency`).
 //! - `GET /openapi.json` (module `openapi`): OpenAPI 3.1, generated from
 //!   the handlers' `#[utoipa::path]` attributes that also route them.
@@ -31,6 +34,7 @@ pub mod problem;
 pub mod prometheus;
 pub mod pull;
 mod ready;
+mod rejections;
 pub mod webhooks;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -96,13 +100,19 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
         dashboard: Arc::default(),
     };
     let max_in_flight = state.options.limits.max_concurrent_requests.max(1);
+    let rejected = Arc::new(rejections::RejectionLog::new(
+        state.options.limits.rejection_log_every,
+    ));
     let (routes, api) = documented_routes(state.clone()).split_for_parts();
     let api = api.merge_from(dashboard::Doc::openapi());
     let routes = routes
         .merge(dashboard::routes(state.clone()))
         .layer(Extension(openapi::Document::new(&openapi::finish(api))))
         .with_state(state);
-    limits::shed_beyond(routes, max_in_flight)
+    limits::shed_beyond(routes, max_in_flight).layer(axum::middleware::from_fn_with_state(
+        rejected,
+        rejections::note_answers,
+    ))
 }
 
 /// Every route, each documented by its handler's `#[utoipa::path]`; the

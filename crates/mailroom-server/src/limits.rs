@@ -10,6 +10,7 @@
 //! - per store: the bounded group-commit queue (`StoreError::Overloaded`, 503).
 
 use crate::problem::Problem;
+use crate::rejections::{Class, RejectionLog};
 use axum::body::Body;
 use bytes::Bytes;
 use http::StatusCode;
@@ -46,6 +47,10 @@ pub struct Limits {
     /// its sender retries). Without it a client that stalls mid-body, or
     /// never reads its answer, holds the shutdown forever. Default 10 s.
     pub shutdown_grace: Duration,
+    /// Rejected requests (401, 400, 408, 413, slow or malformed
+    /// connections) are logged at most once per class per this window,
+    /// with the count since the last line. Default 10 s.
+    pub rejection_log_every: Duration,
 }
 
 impl Default for Limits {
@@ -59,6 +64,7 @@ impl Default for Limits {
             max_header_bytes: 16 * 1024,
             api_max_body: 1024 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            rejection_log_every: Duration::from_secs(10),
         }
     }
 }
@@ -180,6 +186,7 @@ pub(crate) async fn serve_connections(
     // Cancelled when the shutdown grace ends: closes what is still open.
     let cut = tokio_util::sync::CancellationToken::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let rejected = Arc::new(RejectionLog::new(limits.rejection_log_every));
     loop {
         let slot = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -207,16 +214,7 @@ pub(crate) async fn serve_connections(
             TowerToHyperService::new(router.clone()),
         );
         let conn = graceful.watch(conn);
-        let cut = cut.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                served = conn => if let Err(e) = served {
-                    tracing::debug!(error = %e, "connection closed with an error");
-                },
-                () = cut.cancelled() => {}
-            }
-            drop(slot);
-        });
+        tokio::spawn(finish_connection(conn, cut.clone(), rejected.clone(), slot));
     }
     drop(listener);
     let grace = limits.shutdown_grace;
@@ -228,6 +226,28 @@ pub(crate) async fn serve_connections(
         cut.cancel();
     }
     Ok(())
+}
+
+/// Runs one connection to its end (or until `cut`), notes a client-caused
+/// end in the rejection log, then frees its slot.
+async fn finish_connection(
+    conn: impl std::future::Future<Output = hyper::Result<()>>,
+    cut: tokio_util::sync::CancellationToken,
+    rejected: std::sync::Arc<RejectionLog>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    tokio::select! {
+        served = conn => if let Err(e) = served {
+            match Class::of_connection_error(&e) {
+                Some(class) => {
+                    rejected.note(class, &e);
+                }
+                None => tracing::debug!(error = %e, "connection closed with an error"),
+            }
+        },
+        () = cut.cancelled() => {}
+    }
+    drop(slot);
 }
 
 /// One token bucket per rate-limited source, created on first use (so the

@@ -108,6 +108,7 @@ fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::li
         }),
         api_max_body: c.api_max_body.map_or(d.api_max_body, |b| b.0),
         shutdown_grace: d.shutdown_grace,
+        rejection_log_every: d.rejection_log_every,
     }
 }
 

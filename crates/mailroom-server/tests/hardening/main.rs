@@ -3,6 +3,7 @@
 //! deadlines. One binary, each test on its own server and SQLite file.
 
 mod idempotency;
+mod logging;
 mod shedding;
 mod signed;
 mod support;
