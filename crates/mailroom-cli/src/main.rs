@@ -25,6 +25,7 @@ macro_rules! out {
 mod commands;
 mod logging;
 mod table;
+mod telemetry;
 
 /// A closed pipe is a normal way for a reader to stop; anything else is reported.
 fn stdout_failed(e: std::io::Error) {
@@ -183,7 +184,6 @@ pub enum ConfigCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -194,11 +194,34 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    let export = telemetry::planned(&cli);
+    let spans = match export
+        .as_ref()
+        .map(|e| telemetry::provider(e, runtime.handle().clone()))
+    {
+        Some(Ok(provider)) => Some(provider),
+        Some(Err(e)) => {
+            eprintln!("error: [telemetry] otlp_endpoint: {e}");
+            return ExitCode::FAILURE;
+        }
+        None => None,
+    };
+    logging::init(
+        &cli.log_format,
+        spans.as_ref().map(|(_, tracer)| tracer.clone()),
+    );
+    let code = match runtime.block_on(commands::run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    };
+    // The last batch of spans leaves before the runtime that sends it ends.
+    if let Some((provider, _)) = spans {
+        if let Err(e) = provider.shutdown() {
+            eprintln!("warning: the last spans were not exported: {e}");
+        }
     }
+    code
 }

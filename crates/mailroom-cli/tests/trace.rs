@@ -164,3 +164,171 @@ async fn a_webhook_traceparent_reaches_the_http_handler_in_the_same_trace() {
     assert_eq!(created["traceparent"], SENT, "{created}");
     assert!(serve.terminate(), "serve stopped cleanly");
 }
+
+/// Spans an OTLP/HTTP collector received: (trace id, span id, parent span
+/// id, name), ids in lower-case hex (an empty parent for a root).
+type Spans = Arc<Mutex<Vec<(String, String, String, String)>>>;
+
+/// A collector on loopback: `POST /v1/traces` with an OTLP protobuf body.
+async fn collector() -> (String, Spans) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let spans: Spans = Arc::default();
+    let log = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let log = log.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                let mut all = log.lock().expect("spans");
+                for span in request
+                    .resource_spans
+                    .iter()
+                    .flat_map(|r| &r.scope_spans)
+                    .flat_map(|s| &s.spans)
+                {
+                    all.push((
+                        hex(&span.trace_id),
+                        hex(&span.span_id),
+                        hex(&span.parent_span_id),
+                        span.name.clone(),
+                    ));
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, spans)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// With `[telemetry] otlp_endpoint`, the intake, each attempt and each
+/// handler call are exported as spans of the event's trace: intake and
+/// attempts children of the received `traceparent`, a handler call child
+/// of its attempt, and the handler receives the handler call span itself
+/// as its parent. An event that came without a `traceparent` gets the
+/// trace its intake span began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_collector_in_the_events_trace() {
+    let (url, calls) = receiver().await;
+    let (otlp, spans) = collector().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[telemetry]\notlp_endpoint = \"{otlp}\"\n\n\
+             [[topic]]\nname = \"payments\"\nretry = {{ max_attempts = 5, base = \"50ms\" }}\n\
+             handler = {{ http = {{ url = \"{url}\" }} }}\n"
+        ),
+    );
+    let store = format!("sqlite://{}", dir.path().join("m.db").display());
+    let mut serve = Serve::start(&config, &store);
+    let http = reqwest::Client::new();
+    let mut ids = vec![];
+    for (body, traceparent) in [(r#"{"id": "t1"}"#, Some(SENT)), (r#"{"id": "t2"}"#, None)] {
+        let mut post = http
+            .post(format!("{}/webhooks/payments", serve.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = traceparent {
+            post = post.header("traceparent", t);
+        }
+        let answer = post.send().await.expect("post");
+        assert_eq!(answer.status(), 200);
+        let answer: serde_json::Value = answer.json().await.expect("json");
+        ids.push(answer["id"].as_str().expect("id").to_owned());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while calls
+        .lock()
+        .expect("calls")
+        .values()
+        .map(Vec::len)
+        .sum::<usize>()
+        < 4
+    {
+        assert!(Instant::now() < deadline, "handler calls: {calls:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let stored: serde_json::Value = http
+        .get(format!("{}/v1/events?limit=10", serve.base))
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    // The last batch of spans is exported when serve stops.
+    assert!(serve.terminate(), "serve stopped cleanly");
+    let spans = spans.lock().expect("spans").clone();
+    let calls = calls.lock().expect("calls").clone();
+    let named = |name: &str, trace: &str| -> Vec<(String, String)> {
+        spans
+            .iter()
+            .filter(|s| s.3 == name && s.0 == trace)
+            .map(|s| (s.1.clone(), s.2.clone()))
+            .collect()
+    };
+
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let intake = named("intake", trace);
+    assert_eq!(intake.len(), 1, "{spans:?}");
+    assert_eq!(
+        intake[0].1, "00f067aa0ba902b7",
+        "intake: child of the sender's span"
+    );
+    let attempts = named("attempt", trace);
+    assert_eq!(attempts.len(), 2, "{spans:?}");
+    assert!(
+        attempts.iter().all(|a| a.1 == "00f067aa0ba902b7"),
+        "{attempts:?}"
+    );
+    let handler_calls = named("handler call", trace);
+    assert_eq!(handler_calls.len(), 2, "{spans:?}");
+    for (id, parent) in &handler_calls {
+        assert!(
+            attempts.iter().any(|a| &a.0 == parent),
+            "a handler call inside an attempt"
+        );
+        let forwarded = format!("00-{trace}-{id}-01");
+        assert!(
+            calls[&ids[0]]
+                .iter()
+                .any(|t| t.as_deref() == Some(forwarded.as_str())),
+            "the handler got the handler call span: {forwarded} in {:?}",
+            calls[&ids[0]]
+        );
+    }
+
+    // t2 came without a traceparent: its trace began at intake.
+    let roots: Vec<_> = spans
+        .iter()
+        .filter(|s| s.3 == "intake" && s.2.is_empty())
+        .collect();
+    assert_eq!(roots.len(), 1, "{spans:?}");
+    let (began, intake_id) = (&roots[0].0, &roots[0].1);
+    let events = stored["events"].as_array().expect("events");
+    let t2 = events
+        .iter()
+        .find(|e| e["dedup_key"] == "t2")
+        .expect("t2 stored");
+    assert_eq!(
+        t2["traceparent"],
+        format!("00-{began}-{intake_id}-01"),
+        "{t2}"
+    );
+    assert_eq!(named("attempt", began).len(), 2, "{spans:?}");
+    for t in &calls[&ids[1]] {
+        let t = t.as_deref().expect("a traceparent forwarded");
+        assert!(t.starts_with(&format!("00-{began}-")), "{t}");
+    }
+}

@@ -38,6 +38,9 @@ pub struct Config {
     /// AMQP topology (declared at start and by `mailroom amqp declare`).
     #[serde(default)]
     pub amqp: Option<AmqpConfig>,
+    /// Span export (OTLP); off unless `otlp_endpoint` is set.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// Where this configuration came from, for messages.
     #[serde(skip)]
     pub origin: String,
@@ -59,6 +62,7 @@ impl Default for Config {
             sources: vec![],
             topics: vec![],
             amqp: None,
+            telemetry: TelemetryConfig::default(),
             origin: "defaults".into(),
         }
     }
@@ -177,6 +181,18 @@ pub struct AlertHttpConfig {
     /// Per-request timeout (default 10s).
     #[serde(default, with = "duration::serde_opt")]
     pub timeout: Option<Duration>,
+}
+
+/// `[telemetry]` (SPEC §13): spans of intake, attempts and handler calls,
+/// exported over OTLP/HTTP (protobuf) when `otlp_endpoint` is set.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318`;
+    /// spans go to `<otlp_endpoint>/v1/traces`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans (default `mailroom`).
+    pub service_name: Option<String>,
 }
 
 /// `[limits]`: protections of the HTTP listener. Unset keys keep the

@@ -35,4 +35,4 @@ pub use amqp::AmqpPlan;
 pub use error::ConfigError;
 pub use file::Config;
 pub use load::locate;
-pub use topology::Topology;
+pub use topology::{Topology, otlp_traces_url};

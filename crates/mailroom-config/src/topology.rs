@@ -60,6 +60,7 @@ impl Topology {
             }
             amqp.sources.push(consumer);
         }
+        otlp_traces_url(config)?;
         Ok(Topology {
             topics,
             sources,
@@ -110,6 +111,29 @@ fn alert_rules(config: &Config) -> Result<AlertRules, ConfigError> {
         error,
     })?;
     Ok(rules)
+}
+
+/// `[telemetry] otlp_endpoint`: the traces URL (`<endpoint>/v1/traces`) of
+/// an http(s) collector, or `None` when export is off.
+pub fn otlp_traces_url(config: &Config) -> Result<Option<reqwest::Url>, ConfigError> {
+    let Some(endpoint) = &config.telemetry.otlp_endpoint else {
+        return Ok(None);
+    };
+    let http = |u: &reqwest::Url| matches!(u.scheme(), "http" | "https") && u.has_host();
+    reqwest::Url::parse(endpoint)
+        .ok()
+        .filter(http)
+        .and_then(|_| {
+            let base = endpoint.trim_end_matches('/');
+            reqwest::Url::parse(&format!("{base}/v1/traces")).ok()
+        })
+        .map(Some)
+        .ok_or_else(|| {
+            config.invalid(
+                "telemetry.otlp_endpoint",
+                format!("{endpoint:?} is not an http(s) URL"),
+            )
+        })
 }
 
 /// `[alerts] notify = { http = {...} }`: an http(s) URL and a decodable secret.
@@ -218,6 +242,35 @@ mod tests {
     /// Refused alert thresholds carry the runtime's typed reason (the one the
     /// engine builder gives hand-built rules) at their key, with the text
     /// `config check` printed before.
+    #[test]
+    fn an_otlp_endpoint_becomes_the_traces_url_and_a_bad_one_is_named() {
+        let traces = |text: &str| {
+            let config = Config::from_toml("m.toml", text, &|_| None).unwrap();
+            otlp_traces_url(&config).map(|u| u.map(|u| u.to_string()))
+        };
+        assert_eq!(traces("").unwrap(), None);
+        for endpoint in ["http://127.0.0.1:4318", "http://127.0.0.1:4318/"] {
+            let text = format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n");
+            assert_eq!(
+                traces(&text).unwrap().as_deref(),
+                Some("http://127.0.0.1:4318/v1/traces")
+            );
+        }
+        for bad in ["127.0.0.1:4318", "ftp://collector", "http://"] {
+            let text = format!("[telemetry]\notlp_endpoint = \"{bad}\"\n");
+            let err = traces(&text).unwrap_err().to_string();
+            assert!(
+                err.starts_with("m.toml: telemetry.otlp_endpoint: "),
+                "{err}"
+            );
+            let config = Config::from_toml("m.toml", &text, &|_| None).unwrap();
+            assert!(
+                Topology::from_config(&config).is_err(),
+                "config check refuses {bad}"
+            );
+        }
+    }
+
     #[test]
     fn refused_alerts_name_the_key_and_carry_the_rules_error() {
         let config =

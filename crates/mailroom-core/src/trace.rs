@@ -64,6 +64,14 @@ impl TraceParent {
         std::str::from_utf8(&self.parent_id).unwrap_or_default()
     }
 
+    /// The trace flags (bit 0: sampled).
+    pub fn flags(&self) -> u8 {
+        std::str::from_utf8(&self.flags)
+            .ok()
+            .and_then(|f| u8::from_str_radix(f, 16).ok())
+            .unwrap_or(0)
+    }
+
     /// A child: the same trace and flags under span `span_id` (an all-zero
     /// id is invalid, so it is replaced by 1).
     pub fn child(&self, span_id: u64) -> Self {
@@ -100,6 +108,7 @@ mod tests {
         let t = TraceParent::parse(GOOD).expect("valid");
         assert_eq!(t.to_string(), GOOD);
         assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.flags(), 1);
         let c = t.child(0xabc);
         assert_eq!(
             c.to_string(),

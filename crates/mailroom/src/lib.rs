@@ -52,6 +52,7 @@ mod maintenance;
 pub mod metrics;
 mod observe;
 mod open;
+pub mod otel;
 #[cfg(test)]
 mod stalled;
 pub mod topology;

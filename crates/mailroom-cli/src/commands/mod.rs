@@ -59,7 +59,7 @@ fn env(name: &str) -> Option<String> {
 
 /// The configuration from `--config`, `$MAILROOM_CONFIG`, `./mailroom.toml`
 /// or the built-in defaults, with `MAILROOM_*` overrides.
-fn load_config(cli: &Cli) -> Result<Config> {
+pub(crate) fn load_config(cli: &Cli) -> Result<Config> {
     let path = mailroom_config::locate(cli.config.clone(), &env);
     Ok(Config::load(path.as_deref(), &env)?)
 }

@@ -74,8 +74,10 @@ pub(super) async fn run_attempt(
     let event = &c.event;
     let span = info_span!("attempt", event_id = %event.id, topic = %event.topic,
         attempt = event.attempts, correlation_id = event.correlation_id.as_deref().unwrap_or(""));
+    crate::otel::adopt(&span, event.traceparent.as_deref());
     async {
-        let (verdict, elapsed) = guarded(topic.spec.timeout, handler.handle(event)).await;
+        let call = handler.handle(event).instrument(info_span!("handler call"));
+        let (verdict, elapsed) = guarded(topic.spec.timeout, call).await;
         let outcome = verdict.unwrap_or_else(|failed| failed);
         let completion = settle(topic, event, outcome, elapsed);
         match store.complete(event.id, c.token, completion).await {

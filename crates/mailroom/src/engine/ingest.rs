@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use mailroom_core::{EventId, Inserted, NewEvent, StoreError};
 use std::time::Instant;
+use tracing::Instrument;
 
 /// Why [`Engine::enqueue`] stored nothing.
 #[derive(Debug, thiserror::Error)]
@@ -178,13 +179,21 @@ impl Engine {
         Ok(self.insert(accepted).await?)
     }
 
-    /// Stores an accepted event durably and wakes its topic.
+    /// Stores an accepted event durably and wakes its topic, in an `intake`
+    /// span: a child of the event's `traceparent`; with span export on
+    /// ([`crate::otel`]) an event that came without one gets the span's,
+    /// so its attempts join the trace that began here.
     pub async fn insert(&self, accepted: Accepted) -> Result<Inserted, StoreError> {
-        let event = accepted.0;
+        let mut event = accepted.0;
         let topic = event.topic.clone();
         let source = event.source.clone();
+        let span = tracing::info_span!("intake", topic = %topic, source = %source);
+        crate::otel::adopt(&span, event.traceparent.as_deref());
+        if event.traceparent.is_none() {
+            event.traceparent = crate::otel::traceparent_of(&span);
+        }
         let started = Instant::now();
-        let result = self.inner.store.insert(event).await;
+        let result = self.inner.store.insert(event).instrument(span).await;
         let outcome = match &result {
             Ok(i) if i.duplicate => "duplicate",
             Ok(_) => "accepted",

@@ -67,9 +67,14 @@ pub type SharedHandler = Arc<dyn Handler>;
 /// The W3C `traceparent` to send with one handler call of `event`: a child
 /// of the one it arrived with (same trace id and flags, a fresh span id per
 /// call, so each attempt is its own span of the trace), or `None` when it
-/// came without one. Sent as the HTTP header and the AMQP header
-/// `traceparent`, and the command's `TRACEPARENT` variable (SPEC §13).
+/// came without one. With span export on ([`crate::otel`]) it is the
+/// exported `handler call` span itself, so the handler's spans nest under
+/// it. Sent as the HTTP header and the AMQP header `traceparent`, and the
+/// command's `TRACEPARENT` variable (SPEC §13).
 pub fn outgoing_traceparent(event: &Event) -> Option<String> {
+    if let Some(own) = crate::otel::traceparent_of(&tracing::Span::current()) {
+        return Some(own);
+    }
     let parent = mailroom_core::TraceParent::parse(event.traceparent.as_deref()?)?;
     Some(parent.child(rand::random()).to_string())
 }
