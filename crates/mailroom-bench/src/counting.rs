@@ -200,6 +200,45 @@ impl Store for CountingStore {
         self.inner.rescue_expired().await
     }
 
+    async fn take_tokens(
+        &self,
+        topic: &str,
+        rate: mailroom::Rate,
+        want: u32,
+    ) -> mailroom::Result<mailroom::Grant> {
+        self.inner.take_tokens(topic, rate, want).await
+    }
+
+    async fn give_back_tokens(
+        &self,
+        topic: &str,
+        rate: mailroom::Rate,
+        n: u32,
+    ) -> mailroom::Result<()> {
+        self.inner.give_back_tokens(topic, rate, n).await
+    }
+
+    async fn claim_capped(
+        &self,
+        req: &ClaimRequest,
+        max: u32,
+    ) -> mailroom::Result<(Vec<Claimed>, bool)> {
+        bump(&self.calls.claims, 1);
+        self.inner.claim_capped(req, max).await
+    }
+
+    async fn pause_topic(
+        &self,
+        topic: &str,
+        pause: Duration,
+    ) -> mailroom::Result<mailroom::Timestamp> {
+        self.inner.pause_topic(topic, pause).await
+    }
+
+    async fn paused_for(&self, topic: &str) -> mailroom::Result<Option<Duration>> {
+        self.inner.paused_for(topic).await
+    }
+
     async fn next_due(&self, req: &ClaimRequest) -> mailroom::Result<Option<mailroom::Timestamp>> {
         bump(&self.calls.next_due, 1);
         self.inner.next_due(req).await

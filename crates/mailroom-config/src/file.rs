@@ -352,6 +352,11 @@ pub struct TopicConfig {
     pub lease: Option<Duration>,
     /// Batch settings.
     pub batch: Option<BatchConfig>,
+    /// At most this many attempts started per second, minute or hour
+    /// (`"50/s"`, `"100/m"`, `"3/h"`), across instances on PostgreSQL.
+    pub rate: Option<String>,
+    /// At most this many events running at once, across instances.
+    pub max_running: Option<u32>,
     /// What processes the events; none means pull workers.
     pub handler: Option<HandlerConfig>,
 }

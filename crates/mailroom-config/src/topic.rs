@@ -4,7 +4,9 @@ use crate::error::ConfigError;
 use crate::file::FieldConfig;
 use crate::file::{Config, ModeName, OnDeadName, RetryConfig, TopicConfig};
 use crate::source::field;
-use mailroom::{Backoff, BatchSettings, Field, Mode, OnDead, RetryPolicy, TopicSpec, duration};
+use mailroom::{
+    Backoff, BatchSettings, Field, Mode, OnDead, Rate, RetryPolicy, TopicSpec, duration,
+};
 
 /// The spec of `topic[idx]`, validated.
 pub(crate) fn topic_spec(
@@ -35,6 +37,12 @@ pub(crate) fn topic_spec(
         ));
     }
     let lease = t.lease.unwrap_or(t.timeout + TopicSpec::LEASE_MARGIN);
+    let rate = t
+        .rate
+        .as_deref()
+        .map(Rate::parse)
+        .transpose()
+        .map_err(|e| cfg.invalid(at("rate"), e.to_string()))?;
     let spec = TopicSpec {
         name: t.name.clone(),
         mode: mode(t),
@@ -44,6 +52,8 @@ pub(crate) fn topic_spec(
         retry: retry_policy(&t.retry).map_err(|m| cfg.invalid(at("retry.schedule"), m))?,
         timeout: t.timeout,
         lease,
+        rate,
+        max_running: t.max_running,
     };
     spec.validate().map_err(|error| ConfigError::Topic {
         file: cfg.origin.clone(),

@@ -332,6 +332,40 @@ mod tests {
         );
     }
 
+    /// SPEC §13 limits: `rate` and `max_running` are read into the spec, and
+    /// a malformed rate, a `max_running` of 0 or a limit on a batch topic is
+    /// refused at its key.
+    #[test]
+    fn topic_limits_are_read_and_refused_at_their_key() {
+        let config = Config::from_toml(
+            "m.toml",
+            "[[topic]]\nname = \"t\"\nrate = \"50/m\"\nmax_running = 4\n",
+            &|_| None,
+        )
+        .unwrap();
+        let (t, _) = Topology::from_config(&config).unwrap().topics.remove(0);
+        assert_eq!(t.rate.map(|r| r.to_string()).as_deref(), Some("50/m"));
+        assert_eq!(t.max_running, Some(4));
+        assert_eq!(
+            topology("[[topic]]\nname = \"t\"\nrate = \"50/d\"\n")
+                .map(|_| ())
+                .unwrap_err(),
+            "m.toml: topic[0].rate: \"50/d\" is not a rate (expected N/s, N/m or N/h with N at least 1, e.g. \"50/s\")"
+        );
+        assert_eq!(
+            topology("[[topic]]\nname = \"t\"\nmax_running = 0\n")
+                .map(|_| ())
+                .unwrap_err(),
+            "m.toml: topic[0].max_running: max_running must be at least 1"
+        );
+        let err = topology("[[topic]]\nname = \"t\"\nmode = \"batch\"\nrate = \"5/s\"\n");
+        let err = err.map(|_| ()).unwrap_err();
+        assert!(
+            err.starts_with("m.toml: topic[0].rate: rate is not supported on batch"),
+            "{err}"
+        );
+    }
+
     /// A source the runtime refuses is reported at its key with the runtime's
     /// typed reason, and the message `config check` prints is unchanged.
     #[test]

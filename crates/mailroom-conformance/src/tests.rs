@@ -15,6 +15,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod limits;
+pub use limits::*;
+
 type S = Arc<dyn Store>;
 
 const HOUR: Duration = Duration::from_secs(3600);

@@ -26,6 +26,7 @@ pub mod duration;
 pub mod error;
 pub mod event;
 pub mod lease;
+pub mod limit;
 pub mod mode;
 pub mod outcome;
 pub mod retry;
@@ -39,11 +40,12 @@ pub use event::{
 };
 pub use jiff::Timestamp;
 pub use lease::{Claimed, FencingToken};
+pub use limit::{Grant, Rate, RateError};
 pub use mode::{BatchError, BatchSettings, Mode, OnDead};
 pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use store::{
     ClaimRequest, EventSearch, Inserted, KeyCursor, ListFilter, Page, PurgeReport, ReplayReport,
-    Retention, Store, Throughput, TopicStats, TopicStream,
+    Retention, Store, Throughput, TopicStats, TopicStream, pause_notice, paused_topic,
 };
 pub use trace::TraceParent;

@@ -16,6 +16,17 @@ pub enum Outcome {
         /// A delay the handler asked for.
         after: Option<Duration>,
     },
+    /// The receiver asked the whole topic to slow down (HTTP 429 with
+    /// `Retry-After`): the topic pauses for `after` on every instance, and
+    /// this event is retried when the pause ends. The attempt counts against
+    /// `max_attempts` like any failed one (only this event's: the others
+    /// wait without trying).
+    Throttled {
+        /// Why it failed; kept in the history.
+        error: String,
+        /// How long the topic pauses, and this event waits.
+        after: Duration,
+    },
     /// Failed for good (HTTP 410, command exit 65): straight to `dead`.
     Permanent {
         /// Why it failed.
@@ -57,6 +68,21 @@ impl Outcome {
                 delay: after.unwrap_or_else(|| policy.delay_after(attempt, spread)),
                 error,
             },
+            Outcome::Throttled { error, .. } if attempt >= max_attempts => {
+                Completion::Dead { error }
+            }
+            Outcome::Throttled { error, after } => Completion::Retry {
+                delay: after,
+                error,
+            },
+        }
+    }
+
+    /// How long the topic must pause, for a [`Outcome::Throttled`] verdict.
+    pub fn pause(&self) -> Option<Duration> {
+        match self {
+            Outcome::Throttled { after, .. } => Some(*after),
+            _ => None,
         }
     }
 }
@@ -101,6 +127,31 @@ mod tests {
             max_attempts: 3,
             backoff: Backoff::Schedule(vec![Duration::from_secs(1), Duration::from_secs(2)]),
         }
+    }
+
+    #[test]
+    fn a_throttled_attempt_waits_the_pause_and_spends_an_attempt() {
+        let p = policy();
+        let t = |attempt| {
+            Outcome::Throttled {
+                error: "HTTP 429".into(),
+                after: Duration::from_secs(30),
+            }
+            .resolve(attempt, 3, &p, 0.0)
+        };
+        assert_eq!(
+            t(1),
+            Completion::Retry {
+                delay: Duration::from_secs(30),
+                error: "HTTP 429".into()
+            }
+        );
+        assert_eq!(
+            t(3),
+            Completion::Dead {
+                error: "HTTP 429".into()
+            }
+        );
     }
 
     #[test]

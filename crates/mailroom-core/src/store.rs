@@ -7,6 +7,7 @@ use crate::alert::AttemptWindow;
 use crate::error::Result;
 use crate::event::{Event, EventId, NewEvent, Status};
 use crate::lease::{Claimed, FencingToken};
+use crate::limit::{Grant, Rate};
 use crate::mode::OnDead;
 use crate::outcome::Completion;
 use jiff::Timestamp;
@@ -355,6 +356,39 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// (its `status`, `limit` and `cursor` are ignored); how many.
     async fn cancel_matching(&self, filter: &ListFilter) -> Result<u64>;
 
+    // Scheduling limits (SPEC §13), called only for topics that set them.
+
+    /// Takes up to `want` tokens from `topic`'s rate budget (see
+    /// [`crate::limit`]): one budget for every process sharing the store,
+    /// refilled at `rate` on the store's clock and holding at most one
+    /// [`Rate::grant`]. Nothing granted comes with how long to wait.
+    async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant>;
+
+    /// Gives back `n` tokens taken by [`take_tokens`](Store::take_tokens)
+    /// but not used (the claim came back short); the budget stays within
+    /// one grant.
+    async fn give_back_tokens(&self, topic: &str, rate: Rate, n: u32) -> Result<()>;
+
+    /// [`claim`](Store::claim), taking only as many events as keep `req.topic`'s
+    /// `running` events at most `max_running`, counted over every process
+    /// the backend lets share it: two concurrent calls never both fill the
+    /// same room. The flag says whether the room was less than `req.max`
+    /// (the cap, rather than the backlog, may have cut the claim short).
+    async fn claim_capped(
+        &self,
+        req: &ClaimRequest,
+        max_running: u32,
+    ) -> Result<(Vec<Claimed>, bool)>;
+
+    /// Pauses claims of `topic` until `pause` from now (store clock), or
+    /// later if already paused longer; returns when the pause ends. Processes
+    /// sharing the store learn of it through
+    /// [`notifications`](Store::notifications) ([`pause_notice`]).
+    async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp>;
+
+    /// How long `topic` stays paused from now, if it is.
+    async fn paused_for(&self, topic: &str) -> Result<Option<Duration>>;
+
     // Maintenance.
 
     /// Returns every `running` event whose lease has ended to `pending` (due
@@ -385,6 +419,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
 /// A stream of topic names (see [`Store::notifications`]).
 pub type TopicStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = String> + Send>>;
+
+/// What a [`TopicStream`] carries for a topic paused by
+/// [`Store::pause_topic`] (rather than a topic with new events): the name
+/// behind a prefix no topic name starts with.
+pub fn pause_notice(topic: &str) -> String {
+    format!("{PAUSE_PREFIX}{topic}")
+}
+
+/// The topic a [`pause_notice`] names; `None` for an ordinary notification.
+pub fn paused_topic(notice: &str) -> Option<&str> {
+    notice.strip_prefix(PAUSE_PREFIX)
+}
+
+const PAUSE_PREFIX: &str = "\u{1}pause\u{1}";
 
 #[cfg(test)]
 mod tests {

@@ -8,8 +8,8 @@ use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch, FencingToken,
-    Inserted, ListFilter, NewEvent, OnDead, Page, PurgeReport, ReplayReport, Result, Retention,
-    Store, Throughput, TopicStats, TopicStream,
+    Grant, Inserted, ListFilter, NewEvent, OnDead, Page, PurgeReport, Rate, ReplayReport, Result,
+    Retention, Store, Throughput, TopicStats, TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -47,6 +47,10 @@ struct Inner {
     /// [`sql::SEQUENTIAL_WINDOW`], before looking up heads key by key, and
     /// keyless events once [`RESCAN`] has passed.
     sparse: Mutex<HashMap<String, Instant>>,
+    /// One `max_running` claim per topic at a time in this process, so
+    /// waiting for the topic's advisory lock holds one pool connection,
+    /// not one per caller (the holder needs another for its claim).
+    capped: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Drop for Inner {
@@ -97,6 +101,7 @@ impl PostgresStore {
                 listener,
                 floors: Floors::default(),
                 sparse: Mutex::default(),
+                capped: Mutex::default(),
             }),
         })
     }
@@ -255,6 +260,64 @@ impl Store for PostgresStore {
 
     async fn rescue_expired(&self) -> Result<u64> {
         sql::rescue_expired(self.pool_ref()).await
+    }
+
+    async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant> {
+        sql::take_tokens(self.pool_ref(), topic, rate, want).await
+    }
+
+    async fn give_back_tokens(&self, topic: &str, rate: Rate, n: u32) -> Result<()> {
+        sql::give_back_tokens(self.pool_ref(), topic, rate, n).await
+    }
+
+    /// Counts the topic's running events and claims into the room left
+    /// while holding the topic's advisory lock in a transaction, which ends
+    /// only after the claim committed: the next instance counts it. Only
+    /// claims end the lock's reason to exist (completions and rescue only
+    /// lower the count), so nothing else takes it. Dropped midway, the
+    /// transaction rolls back and the lock goes with it.
+    async fn claim_capped(
+        &self,
+        req: &ClaimRequest,
+        max_running: u32,
+    ) -> Result<(Vec<Claimed>, bool)> {
+        const CTX: &str = "claiming under max_running";
+        let turn = {
+            let mut capped = self
+                .inner
+                .capped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            capped.entry(req.topic.clone()).or_default().clone()
+        };
+        let _turn = turn.lock().await;
+        let mut tx = self.pool_ref().begin().await.map_err(db(CTX))?;
+        let running = sql::lock_and_count_running(&mut tx, &req.topic).await?;
+        let room = max_running.saturating_sub(running);
+        let capped = room < req.max;
+        let room = room.min(req.max);
+        let claimed = if room == 0 {
+            Vec::new()
+        } else {
+            let capped = ClaimRequest {
+                max: room,
+                ..req.clone()
+            };
+            self.claim(&capped).await?
+        };
+        // The claim is committed: ending the transaction only frees the lock.
+        if let Err(e) = tx.commit().await {
+            tracing::warn!(error = %e, topic = %req.topic, "releasing the max_running lock failed");
+        }
+        Ok((claimed, capped))
+    }
+
+    async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp> {
+        sql::pause_topic(self.pool_ref(), topic, pause).await
+    }
+
+    async fn paused_for(&self, topic: &str) -> Result<Option<Duration>> {
+        sql::paused_for(self.pool_ref(), topic).await
     }
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {

@@ -48,6 +48,7 @@
 //! # Ok(()) }
 //! ```
 
+mod limits;
 mod options;
 mod reader;
 mod schema;

@@ -7,8 +7,8 @@ use crate::writer::{WhenFull, Writer};
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch, FencingToken,
-    Inserted, ListFilter, NewEvent, Page, PurgeReport, ReplayReport, Result, Retention, Store,
-    StoreError, Throughput, TopicStats,
+    Grant, Inserted, ListFilter, NewEvent, Page, PurgeReport, Rate, ReplayReport, Result,
+    Retention, Store, StoreError, Throughput, TopicStats,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
@@ -32,6 +32,7 @@ pub struct SqliteStore {
 struct Inner {
     writer: Writer,
     reads: Arc<ReadPool>,
+    limits: crate::limits::Limits,
 }
 
 /// Opens a connection with the pragmas every mailroom connection needs.
@@ -91,7 +92,11 @@ impl SqliteStore {
             opts.readers,
         ));
         Ok(SqliteStore {
-            inner: Arc::new(Inner { writer, reads }),
+            inner: Arc::new(Inner {
+                writer,
+                reads,
+                limits: crate::limits::Limits::default(),
+            }),
         })
     }
 
@@ -189,6 +194,54 @@ impl Store for SqliteStore {
 
     async fn rescue_expired(&self) -> Result<u64> {
         self.write(WhenFull::Wait, sql::rescue_expired).await
+    }
+
+    async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant> {
+        Ok(self.inner.limits.take(topic, rate, want))
+    }
+
+    async fn give_back_tokens(&self, topic: &str, rate: Rate, n: u32) -> Result<()> {
+        self.inner.limits.give_back(topic, rate, n);
+        Ok(())
+    }
+
+    /// Counts and claims in one writer transaction: SQLite's write lock
+    /// makes that atomic even for several processes on the file.
+    async fn claim_capped(
+        &self,
+        req: &ClaimRequest,
+        max_running: u32,
+    ) -> Result<(Vec<Claimed>, bool)> {
+        let req = req.clone();
+        self.write(WhenFull::Wait, move |c, now| {
+            let running: i64 = c
+                .prepare_cached(
+                    "SELECT count(*) FROM events INDEXED BY events_running
+                     WHERE topic = ?1 AND status = 'running'",
+                )
+                .and_then(|mut st| st.query_row([&req.topic], |r| r.get(0)))
+                .map_err(db("counting running events"))?;
+            let running = u32::try_from(running).unwrap_or(u32::MAX);
+            let room = max_running.saturating_sub(running);
+            let capped = room < req.max;
+            if room == 0 {
+                return Ok((Vec::new(), capped));
+            }
+            let req = ClaimRequest {
+                max: room.min(req.max),
+                ..req
+            };
+            Ok((sql::claim(c, &req, now)?, capped))
+        })
+        .await
+    }
+
+    async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp> {
+        Ok(self.inner.limits.pause(topic, pause))
+    }
+
+    async fn paused_for(&self, topic: &str) -> Result<Option<Duration>> {
+        Ok(self.inner.limits.paused_for(topic))
     }
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {

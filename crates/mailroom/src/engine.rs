@@ -11,7 +11,6 @@ use mailroom_core::{Retention, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 mod admin;
@@ -209,11 +208,7 @@ fn topic_runtimes(
             error,
         })?;
         let name = spec.name.clone();
-        let rt = Arc::new(TopicRuntime {
-            spec,
-            handler: handlers.get(&name).cloned(),
-            wake: Notify::new(),
-        });
+        let rt = Arc::new(TopicRuntime::new(spec, handlers.get(&name).cloned()));
         if topics.insert(name.clone(), rt).is_some() {
             return Err(BuildError::Duplicate(format!(
                 "topic {name:?} is declared twice"
@@ -239,13 +234,9 @@ fn source_map(
             key: error.key(),
             error,
         })?;
-        topics.entry(s.topic.clone()).or_insert_with(|| {
-            Arc::new(TopicRuntime {
-                spec: TopicSpec::new(s.topic.clone()),
-                handler: None,
-                wake: Notify::new(),
-            })
-        });
+        topics
+            .entry(s.topic.clone())
+            .or_insert_with(|| Arc::new(TopicRuntime::new(TopicSpec::new(s.topic.clone()), None)));
         let name = s.name.clone();
         if sources.insert(name.clone(), s).is_some() {
             return Err(BuildError::Duplicate(format!(

@@ -64,11 +64,12 @@ pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder,
 pub use mailroom_core::{
     Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
     BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Delivery, Event, EventId,
-    EventSearch, FencingToken, Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead, Outcome,
-    Page, ParseEventIdError, PurgeReport, ReplayReport, Result, Retention, RetryPolicy,
-    RetryPolicyError, Status, Store, StoreError, Throughput, Timestamp, TopicStats, TopicStream,
+    EventSearch, FencingToken, Grant, Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead,
+    Outcome, Page, ParseEventIdError, PurgeReport, Rate, RateError, ReplayReport, Result,
+    Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Throughput, Timestamp,
+    TopicStats, TopicStream,
 };
-pub use mailroom_core::{alert, duration, event};
+pub use mailroom_core::{alert, duration, event, limit};
 pub use maintenance::AlertNotify;
 pub use open::open_store;
 pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

@@ -3,7 +3,7 @@
 //! validated once by the engine builder so the data path never re-checks
 //! configuration.
 
-use mailroom_core::{BatchError, Mode, RetryPolicy, RetryPolicyError, duration};
+use mailroom_core::{BatchError, Mode, Rate, RetryPolicy, RetryPolicyError, duration};
 use std::time::Duration;
 
 /// Where a value lives in an incoming request.
@@ -71,6 +71,12 @@ pub struct TopicSpec {
     pub timeout: Duration,
     /// Lease length; always longer than `timeout`.
     pub lease: Duration,
+    /// At most this many attempts started per second, minute or hour
+    /// (SPEC §13; across instances on PostgreSQL, per process on SQLite).
+    pub rate: Option<Rate>,
+    /// At most this many events running at once, across every instance
+    /// sharing the store (SPEC §13).
+    pub max_running: Option<u32>,
 }
 
 impl TopicSpec {
@@ -94,7 +100,27 @@ impl TopicSpec {
             retry: RetryPolicy::default(),
             timeout: Self::DEFAULT_TIMEOUT,
             lease: Self::DEFAULT_TIMEOUT + Self::LEASE_MARGIN,
+            rate: None,
+            max_running: None,
         }
+    }
+
+    /// Caps the attempts started per period, across instances.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// Caps the events running at once, across instances (at least 1;
+    /// [`TopicSpec::validate`]).
+    pub fn max_running(mut self, n: u32) -> Self {
+        self.max_running = Some(n);
+        self
+    }
+
+    /// Whether a claim of this topic must ask its limits first.
+    pub fn is_limited(&self) -> bool {
+        self.rate.is_some() || self.max_running.is_some()
     }
 
     /// Sets the mode.
@@ -147,6 +173,17 @@ impl TopicSpec {
         if self.timeout.is_zero() {
             return Err(SpecError::ZeroTimeout);
         }
+        if self.max_running == Some(0) {
+            return Err(SpecError::NoMaxRunning);
+        }
+        if matches!(self.mode, Mode::Batch(_)) {
+            if self.rate.is_some() {
+                return Err(SpecError::LimitOnBatch("rate"));
+            }
+            if self.max_running.is_some() {
+                return Err(SpecError::LimitOnBatch("max_running"));
+            }
+        }
         if self.lease <= self.timeout {
             return Err(SpecError::LeaseTooShort {
                 lease: self.lease,
@@ -177,6 +214,15 @@ pub enum SpecError {
     /// `concurrency` is 0.
     #[error("concurrency must be at least 1")]
     NoConcurrency,
+    /// `max_running` is 0: nothing would ever run.
+    #[error("max_running must be at least 1")]
+    NoMaxRunning,
+    /// `rate` or `max_running` on a batch topic, whose deliveries they do
+    /// not gate.
+    #[error(
+        "{0} is not supported on batch topics (only single and sequential topics and pull workers)"
+    )]
+    LimitOnBatch(&'static str),
     /// `timeout` is 0: every attempt would time out.
     #[error("timeout must be more than 0")]
     ZeroTimeout,
@@ -215,6 +261,8 @@ impl SpecError {
             SpecError::EmptyName => "name".into(),
             SpecError::NoConcurrency => "concurrency".into(),
             SpecError::ZeroTimeout => "timeout".into(),
+            SpecError::NoMaxRunning => "max_running".into(),
+            SpecError::LimitOnBatch(key) => (*key).into(),
             SpecError::LeaseTooShort { .. } => "lease".into(),
             SpecError::Key(_) => "key".into(),
             SpecError::EmptyDefaultKey => "default_key".into(),

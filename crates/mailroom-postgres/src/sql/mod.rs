@@ -51,6 +51,7 @@ mod admin;
 #[macro_use]
 mod claims;
 mod completions;
+mod limits;
 mod maintenance;
 #[cfg(test)]
 mod plans;
@@ -64,6 +65,9 @@ pub(crate) use claims::{
     Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, claim_order, next_due,
 };
 pub(crate) use completions::{complete, complete_many, extend};
+pub(crate) use limits::{
+    give_back_tokens, lock_and_count_running, pause_topic, paused_for, take_tokens,
+};
 pub(crate) use maintenance::{purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch, list};
 pub(crate) use stats::{attempt_window, stats, throughput};

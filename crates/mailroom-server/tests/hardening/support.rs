@@ -114,6 +114,30 @@ impl Store for Wrapped {
     async fn next_due(&self, req: &ClaimRequest) -> StoreResult<Option<jiff::Timestamp>> {
         self.inner.next_due(req).await
     }
+    async fn take_tokens(
+        &self,
+        topic: &str,
+        rate: mailroom::Rate,
+        want: u32,
+    ) -> StoreResult<mailroom::Grant> {
+        self.inner.take_tokens(topic, rate, want).await
+    }
+    async fn give_back_tokens(&self, topic: &str, rate: mailroom::Rate, n: u32) -> StoreResult<()> {
+        self.inner.give_back_tokens(topic, rate, n).await
+    }
+    async fn claim_capped(
+        &self,
+        req: &ClaimRequest,
+        max: u32,
+    ) -> StoreResult<(Vec<Claimed>, bool)> {
+        self.inner.claim_capped(req, max).await
+    }
+    async fn pause_topic(&self, topic: &str, pause: Duration) -> StoreResult<jiff::Timestamp> {
+        self.inner.pause_topic(topic, pause).await
+    }
+    async fn paused_for(&self, topic: &str) -> StoreResult<Option<Duration>> {
+        self.inner.paused_for(topic).await
+    }
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
         self.inner.get(id).await
     }

@@ -79,6 +79,9 @@ pub(super) async fn run_attempt(
         let call = handler.handle(event).instrument(info_span!("handler call"));
         let (verdict, elapsed) = guarded(topic.spec.timeout, call).await;
         let outcome = verdict.unwrap_or_else(|failed| failed);
+        if let Some(pause) = outcome.pause() {
+            super::limits::pause(store, topic, pause).await;
+        }
         let completion = settle(topic, event, outcome, elapsed);
         match store.complete(event.id, c.token, completion).await {
             Ok(()) => {}

@@ -15,6 +15,7 @@
 pub(crate) mod attempt;
 pub(crate) mod batch;
 pub(crate) mod idle;
+pub(crate) mod limits;
 mod notifications;
 pub(crate) mod telemetry;
 
@@ -23,6 +24,7 @@ pub(crate) use notifications::run_notifications;
 use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
 use attempt::{release, run_attempt};
+use limits::Gated;
 use mailroom_core::{ClaimRequest, Claimed, Store};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +45,20 @@ pub(crate) struct TopicRuntime {
     pub spec: TopicSpec,
     pub handler: Option<SharedHandler>,
     pub wake: Notify,
+    /// The pause a 429 + `Retry-After` asked for (`limits`).
+    pub pause: limits::Pause,
+}
+
+impl TopicRuntime {
+    /// A topic's runtime state, before its first claim.
+    pub(crate) fn new(spec: TopicSpec, handler: Option<SharedHandler>) -> Self {
+        Self {
+            spec,
+            handler,
+            wake: Notify::new(),
+            pause: limits::Pause::default(),
+        }
+    }
 }
 
 impl TopicRuntime {
@@ -87,8 +103,19 @@ pub(crate) async fn run_topic(
         }
         let want = free.min(MAX_CLAIM);
         let req = topic.claim_request(&worker, want);
-        let claimed = match store.claim(&req).await {
-            Ok(claimed) => claimed,
+        let (claimed, asked, capped) = match limits::claim(&*store, &topic, &req).await {
+            Ok(Gated::Claimed {
+                claimed,
+                asked,
+                capped,
+            }) => (claimed, asked, capped),
+            Ok(Gated::Wait(d)) => {
+                backoff = BACKOFF_FIRST;
+                if !idle::nap(&topic.wake, d, &shutdown).await {
+                    break;
+                }
+                continue;
+            }
             Err(e) => {
                 warn!(topic = %topic.spec.name, error = %e, "claim failed; retrying");
                 if !idle::sleep(backoff, &shutdown).await {
@@ -103,11 +130,16 @@ pub(crate) async fn run_topic(
         for c in claimed {
             attempts.start(c).await;
         }
-        if got == want {
+        if got == asked {
             continue;
         }
-        // Fewer than asked: nothing more is due right now.
-        let until = idle::until_due(&*store, &req, poll, backoff).await;
+        // Fewer than asked: nothing more is due right now, or max_running
+        // is full (ask again soon: other instances' attempts end unseen).
+        let until = if capped {
+            limits::RUNNING_RECHECK
+        } else {
+            idle::until_due(&*store, &req, poll, backoff).await
+        };
         if !idle::nap(&topic.wake, until, &shutdown).await {
             break;
         }

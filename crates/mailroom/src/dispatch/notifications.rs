@@ -1,4 +1,5 @@
-//! Wake-ups from the store: commits announced by any instance sharing it.
+//! Wake-ups from the store: commits and topic pauses announced by any
+//! instance sharing it.
 
 use super::TopicRuntime;
 use futures::StreamExt;
@@ -19,8 +20,14 @@ pub(crate) async fn run_notifications(
                 // "*": notifications may have been missed (the listener
                 // reconnected, or we fell behind): wake every topic.
                 Some(topic) if topic == "*" => topics.values().for_each(|t| t.wake.notify_one()),
-                Some(topic) => {
-                    if let Some(t) = topics.get(&topic) {
+                Some(notice) => {
+                    // A pause is read before the topic's next claim; the
+                    // wake-up makes a napping loop see it.
+                    let paused = mailroom_core::paused_topic(&notice);
+                    if let Some(t) = topics.get(paused.unwrap_or(&notice)) {
+                        if paused.is_some() {
+                            t.pause.announced();
+                        }
                         t.wake.notify_one();
                     }
                 }

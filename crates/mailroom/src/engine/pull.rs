@@ -6,6 +6,7 @@
 
 use super::Engine;
 use crate::dispatch::attempt::resolve;
+use crate::dispatch::limits::Gated;
 use crate::dispatch::telemetry::record_outcome;
 use crate::topology::TopicSpec;
 use mailroom_core::{
@@ -48,7 +49,15 @@ impl Engine {
             lease: lease.unwrap_or(spec.lease),
             per_key: spec.mode.per_key(),
         };
-        Ok(self.inner.store.claim(&req).await?)
+        // Declared topics' claims meet their limits (rate, max_running,
+        // a pause); a limit that allows nothing now answers an empty claim.
+        let Some(rt) = self.inner.topics.get(topic) else {
+            return Ok(self.inner.store.claim(&req).await?);
+        };
+        match crate::dispatch::limits::claim(&*self.inner.store, rt, &req).await? {
+            Gated::Claimed { claimed, .. } => Ok(claimed),
+            Gated::Wait(_) => Ok(Vec::new()),
+        }
     }
 
     /// Pushes the end of a claim's lease to now + `lease` (default: the

@@ -4,15 +4,23 @@
 //! Standard Webhooks library, plus the `mailroom-*` envelope headers.
 //!
 //! Any 2xx is success; 410 (or a configured status) is permanent; anything
-//! else is retried, at the time `Retry-After` asks for if present.
+//! else is retried, at the time `Retry-After` asks for if present. A 429
+//! with `Retry-After` pauses the whole topic that long (at most
+//! [`MAX_PAUSE`]; `dispatch::limits`).
 
 use super::{BatchOutcome, Handler, tail};
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use mailroom_core::{Event, Outcome};
+use reqwest::StatusCode;
 use sha2::Sha256;
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The longest pause a `429 Retry-After` can impose on a topic: a receiver
+/// asking for days is more likely wrong than right, and the event retries
+/// (pausing again) when this ends.
+pub const MAX_PAUSE: Duration = Duration::from_secs(3600);
 
 /// Settings of an HTTP handler.
 #[derive(Debug, Clone)]
@@ -178,6 +186,12 @@ impl HttpHandler {
         Answer::Failure(
             if self.settings.permanent_statuses.contains(&status.as_u16()) {
                 Outcome::Permanent { error }
+            } else if let (StatusCode::TOO_MANY_REQUESTS, Some(after)) = (status, retry_after) {
+                // The receiver speaks for the topic, not this event (SPEC §13).
+                Outcome::Throttled {
+                    error,
+                    after: after.min(MAX_PAUSE),
+                }
             } else {
                 Outcome::Retry {
                     error,

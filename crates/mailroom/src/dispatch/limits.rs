@@ -1,0 +1,147 @@
+//! A topic's scheduling limits (SPEC §13) as its claims meet them: the
+//! `rate` budget, `max_running`, and the pause a handler's `429` +
+//! `Retry-After` asks for. The dispatcher and pull workers claim through
+//! [`claim`]; the store keeps the shared state (`Store::take_tokens`,
+//! `Store::claim_capped`, `Store::pause_topic`).
+//!
+//! A topic without limits costs nothing per claim: no pause is read from
+//! the store unless one was announced (a [`mailroom_core::pause_notice`] from
+//! another instance, or this process's own 429) or the topic's first claim
+//! is being made.
+
+use super::TopicRuntime;
+use mailroom_core::{ClaimRequest, Claimed, Result, Store};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How soon a topic whose `max_running` room is full asks again when no
+/// local attempt ends first (attempts ending on other instances are not
+/// announced).
+pub(crate) const RUNNING_RECHECK: Duration = Duration::from_millis(50);
+
+/// A topic's pause, as this process knows it.
+#[derive(Debug)]
+pub(crate) struct Pause {
+    until: Mutex<Option<Instant>>,
+    /// The store may hold a pause this process has not read yet.
+    unread: AtomicBool,
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Self {
+            until: Mutex::new(None),
+            unread: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Pause {
+    /// Another instance paused the topic: read it before the next claim.
+    pub(crate) fn announced(&self) {
+        self.unread.store(true, Ordering::Release);
+    }
+
+    fn set(&self, left: Duration) {
+        let until = Instant::now() + left;
+        let mut cur = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        *cur = Some(cur.map_or(until, |c| c.max(until)));
+    }
+
+    /// How long the topic stays paused, reading the store's pause first if
+    /// one was announced.
+    async fn left(&self, store: &dyn Store, topic: &str) -> Result<Option<Duration>> {
+        if self.unread.swap(false, Ordering::AcqRel) {
+            match store.paused_for(topic).await {
+                Ok(Some(left)) => self.set(left),
+                Ok(None) => {}
+                Err(e) => {
+                    self.unread.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        let cur = *self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(cur
+            .map(|u| u.saturating_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero()))
+    }
+}
+
+/// What a claim within the limits gave.
+#[derive(Debug)]
+pub(crate) enum Gated {
+    /// Claimed events, out of `asked` (the free slots, lowered by the
+    /// rate's grant); `capped` when `max_running` left less room than that.
+    Claimed {
+        claimed: Vec<Claimed>,
+        asked: u32,
+        capped: bool,
+    },
+    /// Nothing may start now (paused, or the rate budget is empty): ask
+    /// again after this long, or at a wake-up.
+    Wait(Duration),
+}
+
+/// Claims `req` within `topic`'s limits.
+pub(crate) async fn claim(
+    store: &dyn Store,
+    topic: &TopicRuntime,
+    req: &ClaimRequest,
+) -> Result<Gated> {
+    if let Some(left) = topic.pause.left(store, &req.topic).await? {
+        return Ok(Gated::Wait(left));
+    }
+    let spec = &topic.spec;
+    if !spec.is_limited() {
+        let claimed = store.claim(req).await?;
+        return Ok(Gated::Claimed {
+            claimed,
+            asked: req.max,
+            capped: false,
+        });
+    }
+    let mut req = req.clone();
+    if let Some(rate) = spec.rate {
+        let grant = store
+            .take_tokens(&req.topic, rate, req.max.min(rate.grant()))
+            .await?;
+        if grant.granted == 0 {
+            return Ok(Gated::Wait(grant.wait));
+        }
+        req.max = grant.granted;
+    }
+    let claimed = match spec.max_running {
+        Some(max_running) => store.claim_capped(&req, max_running).await,
+        None => store.claim(&req).await.map(|c| (c, false)),
+    };
+    let got = claimed.as_ref().map_or(0, |(c, _)| c.len() as u32);
+    if let Some(rate) = spec.rate.filter(|_| got < req.max) {
+        // Tokens for events that were not there are not spent.
+        if let Err(e) = store
+            .give_back_tokens(&req.topic, rate, req.max - got)
+            .await
+        {
+            warn!(topic = %req.topic, error = %e, "could not give back unused rate tokens");
+        }
+    }
+    let (claimed, capped) = claimed?;
+    Ok(Gated::Claimed {
+        claimed,
+        asked: req.max,
+        capped,
+    })
+}
+
+/// Pauses `topic` for `pause` (a handler's 429 + `Retry-After`): at once
+/// in this process, and in the store for every other instance.
+pub(crate) async fn pause(store: &dyn Store, topic: &TopicRuntime, pause: Duration) {
+    topic.pause.set(pause);
+    match store.pause_topic(&topic.spec.name, pause).await {
+        Ok(until) => info!(topic = %topic.spec.name, %until, "topic paused by a 429 Retry-After"),
+        Err(e) => warn!(topic = %topic.spec.name, error = %e,
+            "topic paused here only: the store did not record the pause"),
+    }
+}
