@@ -119,6 +119,11 @@ impl Serve {
         p.iter().find(|(_, l)| l.contains(text)).map(|(t, _)| *t)
     }
 
+    /// The process id (while it runs).
+    pub fn pid(&self) -> anyhow::Result<u32> {
+        self.child.id().context("mailroom already exited")
+    }
+
     /// `kill -9`, then reap.
     pub async fn kill9(&mut self) {
         let _ = self.child.kill().await;

@@ -3,9 +3,11 @@
 
 mod cluster;
 mod diskfull;
+mod hostile;
 mod kill9;
 mod lease;
 mod poison;
+mod rabbitmq;
 mod sigterm;
 mod storm;
 
@@ -50,6 +52,11 @@ pub const ALL: &[Scenario] = &[
         run: |quick, b| Box::pin(diskfull::run(quick, b)),
     },
     Scenario {
+        name: "rabbitmq",
+        applies: any_store,
+        run: |quick, b| Box::pin(rabbitmq::run(quick, b)),
+    },
+    Scenario {
         name: "lease",
         applies: any_store,
         run: |quick, b| Box::pin(lease::run(quick, b)),
@@ -63,6 +70,11 @@ pub const ALL: &[Scenario] = &[
         name: "storm",
         applies: any_store,
         run: |quick, b| Box::pin(storm::run(quick, b)),
+    },
+    Scenario {
+        name: "hostile",
+        applies: hostile::applies,
+        run: |quick, b| Box::pin(hostile::run(quick, b)),
     },
     Scenario {
         name: "sigterm",
