@@ -10,6 +10,10 @@
 //! - **mailroom inbound** (per prefetch): an [`AmqpSource`] with that
 //!   prefetch stores the same N messages into a fresh SQLite store (default
 //!   settings: group commit) and acks each after its commit.
+//! - **ack-after-commit floor** (per prefetch): lapin consumes as above,
+//!   and one writer thread group-commits the deliveries into SQLite (WAL,
+//!   `synchronous = FULL`, `message_id` as primary key) before each is
+//!   acked: the store's part of any ack-after-commit consumer, no engine.
 //! - **mailroom relay**: N outbox events, already committed in a fresh
 //!   SQLite store, published through a topic whose handler is an
 //!   [`AmqpHandler`] (confirms, `mandatory`), on a supervised
@@ -25,6 +29,7 @@
 //! the port it listens on) and this process's CPU (mailroom and the lapin
 //! clients live here), so a missed target says which side ran out.
 
+mod durable;
 mod engine;
 mod handwritten;
 mod lapin_only;
@@ -282,6 +287,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Report> {
         // Refill (not a phase of its own: the publish floor was measured).
         lapin_only::publish(&ctx, &consumed, "refill").await?;
         phases.push(engine::inbound(&ctx, &consumed.queue, prefetch).await?);
+        lapin_only::publish(&ctx, &consumed, "refill").await?;
+        phases.push(durable::consume(&ctx, &consumed.queue, prefetch).await?);
     }
     ctx.drop_route(&consumed).await?;
     let relayed = ctx.route("relay").await?;
@@ -352,6 +359,12 @@ pub struct Ratios {
     pub relays: Vec<RelayRatios>,
     /// Per prefetch: mailroom inbound / lapin consume floor (target ≥ 0.6).
     pub inbound_vs_consume_floor: Vec<(u16, Option<f64>)>,
+    /// Per prefetch: ack-after-commit floor / lapin consume floor (the most
+    /// any consumer that acks after a durable commit reaches here).
+    pub durable_floor_vs_consume_floor: Vec<(u16, Option<f64>)>,
+    /// Per prefetch: mailroom inbound / ack-after-commit floor (mailroom's
+    /// own share of the distance).
+    pub inbound_vs_durable_floor: Vec<(u16, Option<f64>)>,
 }
 
 fn rate(phases: &[Phase], prefix: &str) -> Option<f64> {
@@ -374,17 +387,25 @@ pub fn ratios(s: &Settings, phases: &[Phase]) -> Ratios {
             vs_publish_floor: div(Some(p.per_sec), rate(phases, "publish floor")),
         })
         .collect();
-    Ratios {
-        relays,
-        inbound_vs_consume_floor: s
-            .prefetch
+    let per_prefetch = |a: &str, b: &str| -> Vec<(u16, Option<f64>)> {
+        s.prefetch
             .iter()
             .map(|p| {
-                let inbound = rate(phases, &format!("mailroom inbound, prefetch {p}"));
-                let floor = rate(phases, &format!("consume floor: lapin, prefetch {p}"));
-                (*p, div(inbound, floor))
+                let (a, b) = (format!("{a}, prefetch {p}"), format!("{b}, prefetch {p}"));
+                (*p, div(rate(phases, &a), rate(phases, &b)))
             })
-            .collect(),
+            .collect()
+    };
+    let (inbound, consume, durable) = (
+        "mailroom inbound",
+        "consume floor: lapin",
+        "ack-after-commit floor: lapin + SQLite",
+    );
+    Ratios {
+        relays,
+        inbound_vs_consume_floor: per_prefetch(inbound, consume),
+        durable_floor_vs_consume_floor: per_prefetch(durable, consume),
+        inbound_vs_durable_floor: per_prefetch(inbound, durable),
     }
 }
 
@@ -456,6 +477,17 @@ fn print_ratios(s: &Settings, phases: &[Phase]) {
             relay.relay,
             fmt_times(relay.vs_handwritten),
             pct(relay.vs_publish_floor)
+        );
+    }
+    let floors = r
+        .durable_floor_vs_consume_floor
+        .iter()
+        .zip(&r.inbound_vs_durable_floor);
+    for ((p, floor), (_, inbound)) in floors {
+        println!(
+            "prefetch {p}: ack-after-commit floor vs lapin consume floor: {} (the most an ack-after-commit consumer reaches on this disk); mailroom inbound vs ack-after-commit floor: {}",
+            pct(*floor),
+            pct(*inbound)
         );
     }
     for (p, v) in &r.inbound_vs_consume_floor {
