@@ -170,6 +170,17 @@ struct DrainSettingsArgs {
     /// Give up after this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     timeout: Duration,
+    /// The single and sequential topics' `rate` ("500/s"): the drain's
+    /// events/s against it is the rate's accuracy.
+    #[arg(long, value_parser = parse_rate)]
+    rate: Option<mailroom::Rate>,
+    /// The single and sequential topics' `max_running`.
+    #[arg(long)]
+    max_running: Option<u32>,
+}
+
+fn parse_rate(s: &str) -> Result<mailroom::Rate, String> {
+    mailroom::Rate::parse(s).map_err(|e| e.to_string())
 }
 
 impl DrainSettingsArgs {
@@ -184,6 +195,8 @@ impl DrainSettingsArgs {
             batch_wait: self.batch_wait,
             batch_concurrency: self.batch_concurrency.max(1),
             timeout: self.timeout,
+            rate: self.rate,
+            max_running: self.max_running,
         }
     }
 }
@@ -591,6 +604,8 @@ async fn run_backlog(a: BacklogArgs) -> anyhow::Result<ExitCode> {
             batch_wait: Duration::from_millis(50),
             batch_concurrency: a.batch_concurrency.max(1),
             timeout: a.timeout,
+            rate: None,
+            max_running: None,
         },
         mode: a.mode,
         window: a.window.max(1),

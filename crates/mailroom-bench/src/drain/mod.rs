@@ -72,6 +72,10 @@ pub struct Settings {
     pub batch_concurrency: u32,
     /// Give up after this long.
     pub timeout: Duration,
+    /// The single and sequential topics' `rate`, if any.
+    pub rate: Option<mailroom::Rate>,
+    /// The single and sequential topics' `max_running`, if any.
+    pub max_running: Option<u32>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -138,13 +142,20 @@ struct Instance {
 }
 
 fn topic_spec(s: &Settings, mode: DrainMode) -> TopicSpec {
+    let limited = |mut t: TopicSpec| {
+        t.rate = s.rate;
+        t.max_running = s.max_running;
+        t
+    };
     match mode {
-        DrainMode::Single => TopicSpec::new(TOPIC).concurrency(s.concurrency),
-        DrainMode::Sequential => TopicSpec::new(TOPIC)
-            .mode(Mode::Sequential {
-                on_dead: OnDead::Block,
-            })
-            .concurrency(s.concurrency),
+        DrainMode::Single => limited(TopicSpec::new(TOPIC).concurrency(s.concurrency)),
+        DrainMode::Sequential => limited(
+            TopicSpec::new(TOPIC)
+                .mode(Mode::Sequential {
+                    on_dead: OnDead::Block,
+                })
+                .concurrency(s.concurrency),
+        ),
         DrainMode::Batch => TopicSpec::new(TOPIC)
             .mode(Mode::Batch(BatchSettings {
                 max_size: s.batch_size.max(1),
