@@ -113,6 +113,7 @@ async fn json_output_has_the_api_shapes() {
             "blocked_keys",
             "counts",
             "handler",
+            "limits",
             "mode",
             "oldest_pending_age_seconds",
             "rates",

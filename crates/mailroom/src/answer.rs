@@ -207,6 +207,77 @@ pub struct TopicAnswer {
     pub blocked_keys: u64,
     /// Attempts finished lately.
     pub rates: Rates,
+    /// Its scheduling limits and their use (SPEC §13); null without limits
+    /// or a pause.
+    pub limits: Option<LimitsAnswer>,
+}
+
+/// A topic's scheduling limits (SPEC §13) and their use now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LimitsAnswer {
+    /// `rate` as configured (`"50/s"`), attempts started per period.
+    pub rate: Option<String>,
+    /// Attempts finished per second over the rate window (close to the
+    /// started rate while the topic is busy); null where not read.
+    pub attempts_per_second: Option<f64>,
+    /// `max_running`: events running at once across instances.
+    pub max_running: Option<u32>,
+    /// Events running now (every instance).
+    pub running: u64,
+    /// Seconds left of a pause a handler's 429 + `Retry-After` asked for.
+    pub paused_seconds: Option<f64>,
+}
+
+impl LimitsAnswer {
+    /// `topic`'s limits with `running` events and `attempts_per_second`
+    /// lately; `None` when it has no limits and is not paused. Reads the
+    /// pause only of topics with a built-in handler (the only ones a 429
+    /// pauses).
+    pub async fn read(
+        engine: &Engine,
+        topic: &str,
+        running: u64,
+        attempts_per_second: Option<f64>,
+    ) -> Result<Option<Self>, StoreError> {
+        let spec = engine.topic(topic);
+        let paused = if engine.has_handler(topic) {
+            engine.paused_for(topic).await?
+        } else {
+            None
+        };
+        let limited = spec.is_some_and(|s| s.is_limited());
+        if !limited && paused.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            rate: spec.and_then(|s| s.rate).map(|r| r.to_string()),
+            attempts_per_second: attempts_per_second
+                .filter(|_| spec.is_some_and(|s| s.rate.is_some())),
+            max_running: spec.and_then(|s| s.max_running),
+            running,
+            paused_seconds: paused.map(|d| d.as_secs_f64()),
+        }))
+    }
+
+    /// One line for a human: `rate 50/s (48.2/s lately), max_running 4 (3
+    /// running), paused 12.0s`.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(rate) = &self.rate {
+            parts.push(match self.attempts_per_second {
+                Some(now) => format!("rate {rate} ({now:.1}/s lately)"),
+                None => format!("rate {rate}"),
+            });
+        }
+        if let Some(max) = self.max_running {
+            parts.push(format!("max_running {max} ({} running)", self.running));
+        }
+        if let Some(p) = self.paused_seconds {
+            parts.push(format!("paused {p:.1}s (429 Retry-After)"));
+        }
+        parts.join(", ")
+    }
 }
 
 /// Attempts that finished over the last [`RATE_WINDOW`], per second.
@@ -286,7 +357,7 @@ impl StatsAnswer {
             .map(|t| (t.name.clone(), TopicStats::default()))
             .collect();
         by_name.extend(stats.into_iter().map(|s| (s.topic.clone(), s)));
-        let topics = by_name
+        let mut topics: Vec<TopicAnswer> = by_name
             .into_iter()
             .map(|(name, s)| TopicAnswer {
                 mode: engine.topic(&name).map_or("single", |t| t.mode.name()),
@@ -302,9 +373,15 @@ impl StatsAnswer {
                 oldest_pending_age_seconds: s.oldest_pending_age(now).map(|d| d.as_secs_f64()),
                 blocked_keys: s.blocked_keys,
                 rates: Rates::new(windows.iter().find(|w| w.topic == name)),
+                limits: None,
                 topic: name,
             })
             .collect();
+        for t in &mut topics {
+            let lately = t.rates.done_per_second + t.rates.failed_per_second;
+            let running = t.count(Status::Running);
+            t.limits = LimitsAnswer::read(engine, &t.topic, running, Some(lately)).await?;
+        }
         Ok(Self { topics, alerts })
     }
 }
@@ -340,6 +417,30 @@ mod tests {
 
     /// Every SPEC §12 field is present; a JSON payload is inlined, a binary
     /// one base64-encoded; `history` only on full reads.
+    /// `status` and the dashboard show what each limit is and how much of
+    /// it is used, leaving out what is not set.
+    #[test]
+    fn limits_read_as_one_line() {
+        let all = LimitsAnswer {
+            rate: Some("50/s".into()),
+            attempts_per_second: Some(48.25),
+            max_running: Some(4),
+            running: 3,
+            paused_seconds: Some(12.0),
+        };
+        assert_eq!(
+            all.summary(),
+            "rate 50/s (48.2/s lately), max_running 4 (3 running), paused 12.0s (429 Retry-After)"
+        );
+        let capped = LimitsAnswer {
+            rate: None,
+            attempts_per_second: None,
+            paused_seconds: None,
+            ..all
+        };
+        assert_eq!(capped.summary(), "max_running 4 (3 running)");
+    }
+
     #[test]
     fn the_event_object_has_the_spec_fields() {
         let e = sample(br#"{"a":1}"#);

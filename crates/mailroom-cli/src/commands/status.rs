@@ -48,6 +48,11 @@ fn print_table(topics: &[TopicAnswer]) {
                     .unwrap_or_else(|| "-".into()),
             );
             row.push(t.blocked_keys.to_string());
+            row.push(
+                t.limits
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |l| l.summary()),
+            );
             row
         })
         .collect();
@@ -59,6 +64,6 @@ fn print_table(topics: &[TopicAnswer]) {
         .collect();
     let mut headers = vec!["TOPIC"];
     headers.extend(statuses.iter().map(String::as_str));
-    headers.extend(["OLDEST PENDING", "BLOCKED KEYS"]);
+    headers.extend(["OLDEST PENDING", "BLOCKED KEYS", "LIMITS"]);
     out!("{}", render(&headers, &rows));
 }

@@ -162,6 +162,8 @@ struct TopicPage {
     next: Option<String>,
     blocking: bool,
     blocked: Vec<BlockedKey>,
+    /// Its scheduling limits and their use, in one line (SPEC §13).
+    limits: Option<String>,
 }
 
 /// Query of a topic's page.
@@ -227,7 +229,9 @@ pub(crate) async fn topic(
     } else {
         Vec::new()
     };
+    let limits = topic_limits(&s, &topic).await?;
     let page = TopicPage {
+        limits,
         frame: Frame::new(format!("Topic {topic}"), session),
         statuses: Status::ALL.iter().map(|s| s.as_str()).collect(),
         status: q.status,
@@ -239,6 +243,30 @@ pub(crate) async fn topic(
         topic,
     };
     Ok(view::render(StatusCode::OK, &page))
+}
+
+/// A topic's limits and their use, read only for a topic that has limits
+/// or a handler (which a 429 may pause).
+async fn topic_limits(s: &AppState, topic: &str) -> Result<Option<String>, PageError> {
+    let limited = s.engine.topic(topic).is_some_and(|t| t.is_limited());
+    if !limited && !s.engine.has_handler(topic) {
+        return Ok(None);
+    }
+    let running = if limited {
+        let search = mailroom::EventSearch {
+            filter: ListFilter {
+                topic: Some(topic.to_owned()),
+                status: Some(Status::Running),
+                ..ListFilter::default()
+            },
+            ..mailroom::EventSearch::default()
+        };
+        s.engine.count(&search).await?
+    } else {
+        0
+    };
+    let limits = mailroom::answer::LimitsAnswer::read(&s.engine, topic, running, None).await?;
+    Ok(limits.map(|l| l.summary()))
 }
 
 /// The most blocked keys shown on a topic's page.

@@ -25,6 +25,13 @@ impl Engine {
         self.inner.store.search(search).await
     }
 
+    /// How long `topic` stays paused by a handler's 429 + `Retry-After`
+    /// (SPEC §13), if it is (as the store knows it: on SQLite, only the
+    /// process that saw the 429 does).
+    pub async fn paused_for(&self, topic: &str) -> Result<Option<Duration>, StoreError> {
+        self.inner.store.paused_for(topic).await
+    }
+
     /// How many events match `search`.
     pub async fn count(&self, search: &EventSearch) -> Result<u64, StoreError> {
         self.inner.store.count(search).await
