@@ -102,25 +102,26 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     };
     check_fd_limit(2 * scale.slow as u64 + 1024)?;
     let world = World::new(&backend, Duration::ZERO, config).await?;
-    let serve = world.serve().await?;
+    let mut serve = world.serve().await?;
     let pid = serve.pid()?.to_string();
     let addr: SocketAddr = serve.base.trim_start_matches("http://").parse()?;
-    let rss = Rss::start(pid);
+    let rss = Rss::start(pid.clone());
     let good = WellBehaved::start(&serve.base, &world.rec, 4);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_before = rss.peak();
     let from = world.rec.now();
+    let cpu_before = procfs::process_cpu(&pid);
     let tally = Tally::default();
     attack(addr, &serve.base, &scale, &tally).await?;
     let to = world.rec.now();
+    let cpu = procfs::process_cpu(&pid)
+        .zip(cpu_before)
+        .map(|(a, b)| a.saturating_sub(b));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let calls = good.stop().await;
-    let rss_peak = rss.peak();
     let drained =
         store::settle(&world.fresh.url, store::all_final, Duration::from_secs(30)).await?;
-    let logged = rejection_lines(&serve);
-    let others = serve.problem_summary();
-    let mut serve = serve;
+    let (logged, others) = (rejection_lines(&serve), serve.problem_summary());
     serve.signal_term()?;
     serve.wait_exit(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&Expect::default()).await?;
@@ -128,8 +129,15 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let answers = tally.snapshot();
     report.sent += answers.values().sum::<u64>();
     judge_answers(&answers, scale.attack, &mut report);
-    judge_latency(&calls, (from, to), &mut report);
-    judge_memory(rss_before, rss_peak, &mut report);
+    judge_latency(&calls, (from, to), !quick, &mut report);
+    judge_memory(rss_before, rss.peak(), &mut report);
+    if let Some(cpu) = cpu {
+        let (used, took) = (cpu.as_secs_f64(), (to - from).as_secs_f64());
+        report.notes.push(format!(
+            "server CPU during the attack: {used:.1} s in {took:.1} s ({:.2} cores; the load generator shares the host)",
+            used / took
+        ));
+    }
     judge_logs(&logged, scale.attack, &others, &mut report);
     if drained.is_none() {
         report
@@ -411,10 +419,13 @@ fn p99(latencies: &mut [Duration]) -> Option<Duration> {
 }
 
 /// The well-behaved client: all answered 200; p99 under the bound over the
-/// attack and in each of its 5-second windows.
+/// attack and in each of its 5-second windows. The bound is a performance
+/// target: judged on the default run (a release build), only reported by
+/// `--quick` (CI's debug build, whose p99 says little).
 fn judge_latency(
     calls: &[(Duration, Duration, u16)],
     (from, to): (Duration, Duration),
+    judged: bool,
     r: &mut Report,
 ) {
     let failed = calls.iter().filter(|c| c.2 != 200).count();
@@ -456,6 +467,10 @@ fn judge_latency(
     let over = worst.max(overall.unwrap_or(Duration::MAX));
     match before {
         _ if over < P99_BOUND => {}
+        _ if !judged => r.notes.push(format!(
+            "p99 bound ({}ms) not judged with --quick (debug build)",
+            P99_BOUND.as_millis()
+        )),
         // The machine's own floor (a debug build, a loaded host) is over
         // the bound before any attack: the bound cannot be judged, only
         // the attack's effect, which must stay within twice that floor.
