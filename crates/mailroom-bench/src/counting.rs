@@ -196,6 +196,10 @@ impl Store for CountingStore {
         self.inner.extend(id, token, lease).await
     }
 
+    async fn expire(&self, topic: &str, after: Duration, limit: u32) -> mailroom::Result<u64> {
+        self.inner.expire(topic, after, limit).await
+    }
+
     async fn rescue_expired(&self) -> mailroom::Result<u64> {
         self.inner.rescue_expired().await
     }

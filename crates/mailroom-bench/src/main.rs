@@ -25,6 +25,7 @@ mod amqp;
 mod backend;
 mod counting;
 mod dashboard;
+mod delayed;
 mod drain;
 mod faults;
 mod floor;
@@ -63,6 +64,9 @@ enum Command {
     /// PostgreSQL: a large backlog drained; the rate over its first and last
     /// windows, and claim statements timed at its start, middle and end.
     Backlog(BacklogArgs),
+    /// Claims of due events with the store empty and beside a backlog of
+    /// events delivered later (a million by default): claim times and ratio.
+    Delayed(DelayedArgs),
     /// SQLite drains of `single` and `batch` beside a raw SQLite loop doing
     /// only the writes a batch drain needs (the bound for `batch`).
     Floor(FloorArgs),
@@ -219,6 +223,28 @@ struct DashboardArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     intake: Duration,
     /// Concurrent enqueues (preload and intake).
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct DelayedArgs {
+    /// `sqlite` (a temporary file) or `postgres://...` (a fresh database).
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Events delivered a day later stored before the second round.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Due events claimed in each round.
+    #[arg(long, default_value_t = 6400)]
+    due: u64,
+    /// Events each claim asks for.
+    #[arg(long, default_value_t = 64)]
+    claim_size: u32,
+    /// Concurrent inserts.
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
     /// Print the figures as one JSON object.
@@ -449,6 +475,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Drain(a) => run_drain(a).await,
         Command::Pg(a) => pg::run(a).await,
         Command::Backlog(a) => run_backlog(a).await,
+        Command::Delayed(a) => run_delayed(a).await,
         Command::Dashboard(a) => run_dashboard(a).await,
         Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
@@ -588,6 +615,22 @@ async fn run_dashboard(a: DashboardArgs) -> anyhow::Result<ExitCode> {
         print_json(&serde_json::json!({ "bench": "dashboard", "result": r }))?;
     } else {
         dashboard::print(&r);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_delayed(a: DelayedArgs) -> anyhow::Result<ExitCode> {
+    let s = delayed::Settings {
+        events: a.events,
+        due: a.due.max(1),
+        claim_size: a.claim_size.max(1),
+        concurrency: a.concurrency.max(1),
+    };
+    let r = delayed::run(&s, &a.store).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "delayed", "result": r }))?;
+    } else {
+        delayed::print(&s, &r);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -126,7 +126,7 @@ async fn json_output_has_the_api_shapes() {
     );
     assert_eq!(
         topic["counts"],
-        serde_json::json!({"pending": 1, "running": 0, "done": 1, "dead": 0, "skipped": 0, "cancelled": 0})
+        serde_json::json!({"pending": 1, "running": 0, "done": 1, "dead": 0, "skipped": 0, "cancelled": 0, "expired": 0})
     );
     assert!(
         topic["oldest_pending_age_seconds"]

@@ -248,6 +248,9 @@ pub struct SourceConfig {
     /// Where an RFC 3339 time lives before which the event must not run
     /// (`{ header = "..." }` or `{ json = "/pointer" }`).
     pub deliver_at: Option<FieldConfig>,
+    /// Where the event's priority (an integer) lives
+    /// (`{ header = "..." }` or `{ json = "/pointer" }`).
+    pub priority: Option<FieldConfig>,
     /// Signature verification.
     pub verify: Option<VerifyConfig>,
     /// Largest accepted body, e.g. `"1MiB"` or `65536`.
@@ -357,6 +360,15 @@ pub struct TopicConfig {
     pub rate: Option<String>,
     /// At most this many events running at once, across instances.
     pub max_running: Option<u32>,
+    /// A pending event older than this is not run but `expired`.
+    #[serde(default, with = "duration::serde_opt")]
+    pub expire_after: Option<Duration>,
+    /// The starvation bound of priorities (default 5m).
+    #[serde(
+        default = "default_max_wait_for_priority",
+        with = "duration::serde_str"
+    )]
+    pub max_wait_for_priority: Duration,
     /// What processes the events; none means pull workers.
     pub handler: Option<HandlerConfig>,
 }
@@ -366,6 +378,9 @@ fn default_concurrency() -> u32 {
 }
 fn default_timeout() -> Duration {
     TopicSpec::DEFAULT_TIMEOUT
+}
+fn default_max_wait_for_priority() -> Duration {
+    TopicSpec::DEFAULT_MAX_WAIT_FOR_PRIORITY
 }
 
 /// Processing mode names.

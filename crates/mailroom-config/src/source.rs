@@ -23,6 +23,7 @@ pub(crate) fn source_spec(
         event_type: field_at(&s.event_type, "type")?,
         key: field_at(&s.key, "key")?,
         deliver_at: field_at(&s.deliver_at, "deliver_at")?,
+        priority: field_at(&s.priority, "priority")?,
         verifier: None,
         max_body: s.max_body.map(|b| b.0).unwrap_or(DEFAULT_MAX_BODY),
         rate_limit: s

@@ -54,6 +54,8 @@ pub(crate) fn topic_spec(
         lease,
         rate,
         max_running: t.max_running,
+        expire_after: t.expire_after,
+        max_wait_for_priority: t.max_wait_for_priority,
     };
     spec.validate().map_err(|error| ConfigError::Topic {
         file: cfg.origin.clone(),

@@ -96,6 +96,7 @@ pub fn event(topic: &str, dedup: &str, key: Option<&str>) -> NewEvent {
         payload: bytes::Bytes::from(format!("{{\"dedup\":\"{dedup}\"}}")),
         max_attempts: 3,
         delivery: mailroom_core::Delivery::Now,
+        priority: 0,
     }
 }
 
@@ -129,6 +130,11 @@ macro_rules! suite {
             skip_only_from_dead,
             delivered_later_events_are_not_claimed_before_due,
             a_delayed_event_behind_due_ones_is_claimed_once_due,
+            claims_take_higher_priority_first,
+            a_backlog_of_low_then_high_events_starts_the_high_ones_first,
+            a_low_priority_event_waits_at_most_max_wait_behind_higher_ones,
+            a_delayed_head_holds_back_its_key_until_due,
+            expired_events_are_not_run_and_replay_restarts_their_clock,
             cancel_withdraws_a_pending_event_until_it_is_replayed,
             cancel_refuses_running_and_finished_events,
             cancel_matching_takes_only_matching_pending_events,

@@ -11,7 +11,7 @@ use mailroom_core::{
     AttemptOutcome, ClaimRequest, Claimed, Completion, EventId, EventSearch, FencingToken,
     ListFilter, OnDead, Retention, Status, Store, StoreError,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ fn req(topic: &str, max: u32) -> ClaimRequest {
         max,
         lease: Duration::from_secs(30),
         per_key: None,
+        max_wait_for_priority: None,
+        expire_after: None,
     }
 }
 
@@ -79,6 +81,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     new.content_type = Some("application/octet-stream".into());
     new.payload = Bytes::from_static(b"\x00\xffbinary");
     new.max_attempts = 9;
+    new.priority = -7;
     let answer = s.insert(new.clone()).await.unwrap();
     assert_eq!(answer.id, new.id);
     assert!(!answer.duplicate);
@@ -95,6 +98,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     assert_eq!(got.content_type, new.content_type);
     assert_eq!(got.payload, Some(new.payload.clone()));
     assert_eq!(got.max_attempts, 9);
+    assert_eq!(got.priority, -7);
     assert_eq!(got.status, Status::Pending);
     assert_eq!(got.attempts, 0);
     assert!(got.history.is_empty());
@@ -1272,4 +1276,235 @@ pub async fn throughput_counts_received_and_finished_per_minute(s: S) {
             "{t:?} after {started}"
         );
     }
+}
+
+/// `n` events of `topic` with dedup keys `{prefix}{i}`, priority
+/// `priority`, stored a few at a time concurrently (in arrival order
+/// chunk by chunk); their ids in that order.
+async fn insert_many(s: &S, topic: &str, prefix: &str, n: usize, priority: i32) -> Vec<EventId> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let inserts: Vec<_> = chunk
+            .iter()
+            .map(|i| {
+                let mut e = event(topic, &format!("{prefix}{i}"), None);
+                e.priority = priority;
+                let s = s.clone();
+                tokio::spawn(async move { s.insert(e).await })
+            })
+            .collect();
+        for answer in inserts {
+            ids.push(answer.await.unwrap().unwrap().id);
+        }
+    }
+    ids
+}
+
+/// Claims take the highest priority first, then arrival order; negative
+/// priorities come after the default 0; the event shows its priority.
+pub async fn claims_take_higher_priority_first(s: S) {
+    let mut order = Vec::new();
+    for (dedup, priority) in [
+        ("z1", 0),
+        ("n1", -3),
+        ("h1", 5),
+        ("z2", 0),
+        ("m1", 2),
+        ("h2", 5),
+    ] {
+        let mut e = event("orders", dedup, None);
+        e.priority = priority;
+        order.push((dedup, s.insert(e).await.unwrap().id));
+    }
+    let id = |d: &str| order.iter().find(|(x, _)| *x == d).unwrap().1;
+    let first = claim(&s, &req("orders", 3)).await;
+    assert_eq!(ids(&first), vec![id("h1"), id("h2"), id("m1")]);
+    assert_eq!(first[0].event.priority, 5);
+    let rest = claim(&s, &req("orders", 10)).await;
+    assert_eq!(ids(&rest), vec![id("z1"), id("z2"), id("n1")]);
+    assert_eq!(s.get(id("n1")).await.unwrap().unwrap().priority, -3);
+    // A replay keeps the event's priority.
+    for c in first.iter().chain(&rest) {
+        s.complete(c.event.id, c.token, Completion::Done)
+            .await
+            .unwrap();
+    }
+    s.replay(id("z1"), 1).await.unwrap();
+    s.replay(id("h1"), 1).await.unwrap();
+    assert_eq!(
+        ids(&claim(&s, &req("orders", 10)).await),
+        vec![id("h1"), id("z1")]
+    );
+}
+
+/// A backlog of 10,000 events of priority 0, then 100 of priority 10:
+/// claims of 50 take all 100 before any more than the next 500 of the
+/// backlog.
+pub async fn a_backlog_of_low_then_high_events_starts_the_high_ones_first(s: S) {
+    let low = insert_many(&s, "bulk", "low-", 10_000, 0).await;
+    // A claim already running through the backlog when the high ones come.
+    let first = claim(&s, &req("bulk", 50)).await;
+    assert_eq!(first.len(), 50);
+    assert!(
+        first.iter().all(|c| low[..64].contains(&c.event.id)),
+        "oldest first"
+    );
+    let high: HashSet<EventId> = insert_many(&s, "bulk", "high-", 100, 10)
+        .await
+        .into_iter()
+        .collect();
+    let (mut high_seen, mut low_after) = (0, 0);
+    while high_seen < high.len() {
+        let batch = claim(&s, &req("bulk", 50)).await;
+        assert!(
+            !batch.is_empty(),
+            "the backlog ran dry before the high ones ran"
+        );
+        for c in &batch {
+            if high.contains(&c.event.id) {
+                high_seen += 1;
+            } else {
+                low_after += 1;
+            }
+            s.complete(c.event.id, c.token, Completion::Done)
+                .await
+                .unwrap();
+        }
+    }
+    assert!(
+        low_after <= 500,
+        "{low_after} low events ran before the last high one"
+    );
+}
+
+/// The starvation bound: with `max_wait_for_priority` of 1 s, low events
+/// behind a steady stream of higher ones (enough to fill every claim) all
+/// run, each within the bound (plus the claim cadence) of being due;
+/// without it, none would.
+pub async fn a_low_priority_event_waits_at_most_max_wait_behind_higher_ones(s: S) {
+    let bound = Duration::from_secs(1);
+    let r = ClaimRequest {
+        max_wait_for_priority: Some(bound),
+        ..req("stream", 10)
+    };
+    let low: HashSet<EventId> = insert_many(&s, "stream", "low-", 5, 0)
+        .await
+        .into_iter()
+        .collect();
+    let due = s.now().await.unwrap();
+    let mut ran_low = HashMap::new();
+    let mut round = 0;
+    while ran_low.len() < low.len() {
+        let now = s.now().await.unwrap();
+        assert!(
+            now < due + Duration::from_secs(6),
+            "low events still waiting at {now} (due {due}); ran {ran_low:?}"
+        );
+        insert_many(&s, "stream", &format!("high-{round}-"), 10, 5).await;
+        round += 1;
+        for c in claim(&s, &r).await {
+            if low.contains(&c.event.id) {
+                ran_low.insert(c.event.id, s.now().await.unwrap());
+            }
+            s.complete(c.event.id, c.token, Completion::Done)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for at in ran_low.values() {
+        // The bound, plus the stores' raise cadence and the rounds' pace.
+        assert!(
+            *at <= due + bound + Duration::from_millis(2500),
+            "ran at {at}, due {due}"
+        );
+        assert!(
+            *at >= due + bound - Duration::from_millis(100),
+            "ran at {at} before its wait"
+        );
+    }
+}
+
+/// Events delivered later are held out of claims until due; a held event
+/// holds back the later events of its key (per-key order); once due it
+/// runs first.
+pub async fn a_delayed_head_holds_back_its_key_until_due(s: S) {
+    let mut later = event("orders", "k-1", Some("k"));
+    later.delivery = Delivery::After(Duration::from_millis(1500));
+    let first = s.insert(later).await.unwrap().id;
+    let second = insert(&s, "orders", "k-2", Some("k")).await;
+    let other = insert(&s, "orders", "j-1", Some("j")).await;
+    let r = seq_req("orders", 10, OnDead::Block);
+    assert_eq!(ids(&claim(&s, &r).await), vec![other]);
+    let due = s
+        .get(first)
+        .await
+        .unwrap()
+        .unwrap()
+        .next_attempt_at
+        .unwrap();
+    let next = s.next_due(&r).await.unwrap().unwrap();
+    assert!(next <= due, "next due {next} after the held head's {due}");
+    while s.now().await.unwrap() < due {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = claim(&s, &r).await;
+    assert_eq!(ids(&c), vec![first], "the held head, once due, and alone");
+    s.complete(first, c[0].token, Completion::Done)
+        .await
+        .unwrap();
+    assert_eq!(ids(&claim(&s, &r).await), vec![second]);
+}
+
+/// With `expire_after`, a pending event whose clock ran out is not
+/// claimed; `expire` moves it to `expired` with the reason, counted and
+/// listed; a delayed event's clock starts when it is due; a replay makes
+/// an expired event pending again with a fresh clock.
+pub async fn expired_events_are_not_run_and_replay_restarts_their_clock(s: S) {
+    let after = Duration::from_millis(800);
+    let r = ClaimRequest {
+        expire_after: Some(after),
+        ..req("quotes", 10)
+    };
+    let old = insert(&s, "quotes", "old", None).await;
+    let mut delayed = event("quotes", "delayed", None);
+    delayed.delivery = Delivery::After(Duration::from_millis(700));
+    let delayed = s.insert(delayed).await.unwrap().id;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let fresh = insert(&s, "quotes", "fresh", None).await;
+    let c = claim(&s, &r).await;
+    let mut taken = ids(&c);
+    taken.sort();
+    let mut want = vec![fresh, delayed];
+    want.sort();
+    assert_eq!(
+        taken, want,
+        "the old one expired; the delayed one's clock started when due"
+    );
+    let next = s.next_due(&r).await.unwrap();
+    assert!(next.is_none(), "an expired event is not due: {next:?}");
+    assert_eq!(s.expire("quotes", after, 100).await.unwrap(), 1);
+    assert_eq!(s.expire("quotes", after, 100).await.unwrap(), 0);
+    let e = s.get(old).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Expired);
+    assert!(e.last_error.unwrap().contains("expire_after"));
+    let stats = s.stats().await.unwrap();
+    let quotes = stats.iter().find(|t| t.topic == "quotes").unwrap();
+    assert_eq!(quotes.count(Status::Expired), 1);
+    let listed = s
+        .list(&ListFilter {
+            status: Some(Status::Expired),
+            limit: 10,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.events.len(), 1);
+    let replayed = s.replay(old, 3).await.unwrap();
+    assert_eq!(replayed.status, Status::Pending);
+    assert_eq!(
+        ids(&claim(&s, &r).await),
+        vec![old],
+        "replayed with a fresh clock"
+    );
 }

@@ -10,6 +10,7 @@
 //!                      └ attempts exhausted / permanent failure ──► dead
 //! dead ──replay──► pending          dead ──skip──► skipped (sequential topics)
 //! pending ──cancel──► cancelled ──replay──► pending
+//! pending ──older than the topic's expire_after──► expired ──replay──► pending
 //! ```
 
 use bytes::Bytes;
@@ -97,17 +98,21 @@ pub enum Status {
     Skipped,
     /// A pending event an operator withdrew before it ran.
     Cancelled,
+    /// A pending event not run because it waited longer than its topic's
+    /// `expire_after` (SPEC §13); `last_error` says so.
+    Expired,
 }
 
 impl Status {
     /// Every status, in display order.
-    pub const ALL: [Status; 6] = [
+    pub const ALL: [Status; 7] = [
         Status::Pending,
         Status::Running,
         Status::Done,
         Status::Dead,
         Status::Skipped,
         Status::Cancelled,
+        Status::Expired,
     ];
 
     /// The lowercase name used in APIs, SQL and the CLI.
@@ -119,6 +124,7 @@ impl Status {
             Status::Dead => "dead",
             Status::Skipped => "skipped",
             Status::Cancelled => "cancelled",
+            Status::Expired => "expired",
         }
     }
 }
@@ -136,7 +142,7 @@ impl FromStr for Status {
             .into_iter()
             .find(|st| st.as_str() == s)
             .ok_or_else(|| {
-                format!("unknown status {s:?} (expected pending, running, done, dead, skipped or cancelled)")
+                format!("unknown status {s:?} (expected pending, running, done, dead, skipped, cancelled or expired)")
             })
     }
 }
@@ -182,6 +188,8 @@ pub struct NewEvent {
     pub max_attempts: u32,
     /// When it may first be claimed (its first `next_attempt_at`).
     pub delivery: Delivery,
+    /// Claim order within its topic: higher first (SPEC §13; default 0).
+    pub priority: i32,
 }
 
 /// One finished (or abandoned) attempt in an event's history.
@@ -257,6 +265,8 @@ pub struct Event {
     pub key: Option<String>,
     /// Event type.
     pub event_type: Option<String>,
+    /// Claim order within its topic: higher first (default 0).
+    pub priority: i32,
     /// Current status.
     pub status: Status,
     /// Attempts started so far (the current one included while running).

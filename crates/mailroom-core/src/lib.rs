@@ -46,6 +46,7 @@ pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use store::{
     ClaimRequest, EventSearch, Inserted, KeyCursor, ListFilter, Page, PurgeReport, ReplayReport,
-    Retention, Store, Throughput, TopicStats, TopicStream, pause_notice, paused_topic,
+    Retention, Store, Throughput, TopicStats, TopicStream, expiry_reason, pause_notice,
+    paused_topic,
 };
 pub use trace::TraceParent;

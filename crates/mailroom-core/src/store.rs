@@ -37,7 +37,36 @@ pub struct ClaimRequest {
     /// `Some` for sequential topics: only the head of each key may be taken,
     /// and only when no earlier event of its key is `pending`, `running`, or
     /// (with [`OnDead::Block`]) `dead`. Events without a key are independent.
+    /// Per-key order wins over priority.
     pub per_key: Option<OnDead>,
+    /// The starvation bound of priorities (a topic's `max_wait_for_priority`):
+    /// a due event that has waited this long is taken before higher-priority
+    /// ones. `None`: strict priority order.
+    pub max_wait_for_priority: Option<Duration>,
+    /// A topic's `expire_after`: a pending event whose expiry clock (see
+    /// [`Store::expire`]) started longer ago than this is not claimed.
+    pub expire_after: Option<Duration>,
+}
+
+impl ClaimRequest {
+    /// A request for up to `max` events of `topic` under leases of `lease`:
+    /// independent events, strict priority order, no expiry.
+    pub fn new(
+        topic: impl Into<String>,
+        worker: impl Into<String>,
+        max: u32,
+        lease: Duration,
+    ) -> Self {
+        Self {
+            topic: topic.into(),
+            worker: worker.into(),
+            max,
+            lease,
+            per_key: None,
+            max_wait_for_priority: None,
+            expire_after: None,
+        }
+    }
 }
 
 /// Filters for listing and bulk replay. Empty fields match everything.
@@ -159,7 +188,7 @@ impl TopicStats {
 pub struct Retention {
     /// Drop payloads of `done`/`skipped` events received before now − this.
     pub done: Duration,
-    /// Drop payloads of `dead` and `cancelled` events received before now − this.
+    /// Drop payloads of `dead`, `cancelled` and `expired` events received before now − this.
     pub dead: Duration,
     /// Delete finished rows entirely (ending dedup for their keys) before now − this.
     pub dedup: Duration,
@@ -253,9 +282,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// one reports `duplicate = false`.
     async fn insert(&self, event: NewEvent) -> Result<Inserted>;
 
-    /// Moves up to `req.max` due `pending` events of `req.topic`, oldest
-    /// arrival first, to `running` under a lease of `req.lease`, each with a
-    /// new fencing token (its attempt count, incremented).
+    /// Moves up to `req.max` due `pending` events of `req.topic`, highest
+    /// priority first, then oldest arrival first, to `running` under a lease
+    /// of `req.lease`, each with a new fencing token (its attempt count,
+    /// incremented). With `req.max_wait_for_priority`, due events that have
+    /// waited that long go first, oldest first, whatever their priority;
+    /// with `req.expire_after`, expired events are not taken. Claims walk
+    /// indexes in claim order: they never sort the whole backlog, and a
+    /// backlog of events delivered later does not slow them.
     ///
     /// For topics without `per_key`, a backend may serve an event that
     /// turned pending again behind newer ones (a retry come due, a replay)
@@ -391,6 +425,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     // Maintenance.
 
+    /// Moves the `pending` events of `topic` whose expiry clock started
+    /// longer than `expire_after` ago to `expired`, with `last_error` saying
+    /// why; returns how many (at most `limit`, so a sweep never holds the
+    /// store long). The clock starts when the event is first due (its
+    /// `deliver_at`, or when it was stored) and again when it is replayed.
+    async fn expire(&self, topic: &str, expire_after: Duration, limit: u32) -> Result<u64>;
+
     /// Returns every `running` event whose lease has ended to `pending` (due
     /// now), or to `dead` if it has no attempts left; the lost attempt is
     /// recorded as `lease_expired`. Returns how many were rescued.
@@ -415,6 +456,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = (role, holder, ttl);
         Ok(true)
     }
+}
+
+/// The `last_error` of an event [`Store::expire`] moved to `expired`.
+pub fn expiry_reason(expire_after: Duration) -> String {
+    format!(
+        "expired: pending longer than the topic's expire_after ({})",
+        crate::duration::format(expire_after)
+    )
 }
 
 /// A stream of topic names (see [`Store::notifications`]).
@@ -447,6 +496,7 @@ mod tests {
                 dedup_key: i.to_string(),
                 key: None,
                 event_type: None,
+                priority: 0,
                 status: Status::Pending,
                 attempts: 0,
                 max_attempts: 1,

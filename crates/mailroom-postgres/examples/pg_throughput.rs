@@ -70,6 +70,7 @@ async fn insert(store: &PostgresStore, topic: &str, n: usize) {
                     payload: Bytes::from_static(br#"{"hello":"world"}"#),
                     max_attempts: 3,
                     delivery: mailroom_core::Delivery::Now,
+                    priority: 0,
                 };
                 s.insert(e).await.expect("insert");
             }
@@ -90,6 +91,8 @@ async fn drain(store: &PostgresStore, topic: &str, workers: usize, batch: u32) -
             max: batch,
             lease: Duration::from_secs(30),
             per_key: None,
+            max_wait_for_priority: None,
+            expire_after: None,
         };
         tasks.spawn(async move {
             let mut done = 0usize;

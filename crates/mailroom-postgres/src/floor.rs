@@ -61,6 +61,13 @@ impl Floors {
         }
     }
 
+    /// Sends the next claim of `topic` to its start (events older than its
+    /// floor moved ahead of it).
+    pub(crate) fn forget(&self, topic: &str) {
+        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        topics.remove(topic);
+    }
+
     /// Records a claim of `topic` that asked for `max` events and took the
     /// events at `taken`, after walking the whole topic if `walked_all`.
     pub(crate) fn record(

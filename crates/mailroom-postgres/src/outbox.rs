@@ -63,3 +63,42 @@ pub async fn enqueue(
             .map_err(db("enqueueing an outbox event"))?;
     Ok(EventId::parse_stored(&id)?.0)
 }
+
+/// When and in which order an outbox event runs (SPEC §13): the optional
+/// trailing arguments `deliver_at` and `priority` of `mailroom.enqueue`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scheduling {
+    /// Not run before this instant (`None`: now).
+    pub deliver_at: Option<jiff::Timestamp>,
+    /// Claim order within the topic: higher first (default 0).
+    pub priority: i32,
+}
+
+/// [`enqueue`] with [`Scheduling`]: calls `mailroom.enqueue(topic, type,
+/// key, payload, dedup_key, max_attempts => NULL, deliver_at, priority)`
+/// (a NULL budget means the default, 15 attempts).
+pub async fn enqueue_scheduled(
+    conn: &mut sqlx::PgConnection,
+    topic: &str,
+    event_type: &str,
+    key: Option<&str>,
+    payload: &serde_json::Value,
+    dedup_key: Option<&str>,
+    scheduling: Scheduling,
+) -> Result<Uuid> {
+    let id: String = sqlx::query_scalar(
+        "SELECT mailroom.enqueue($1, $2, $3, $4::text::jsonb, $5, NULL,
+                                 $6::text::timestamptz, $7)::text",
+    )
+    .bind(topic)
+    .bind(event_type)
+    .bind(key)
+    .bind(payload.to_string())
+    .bind(dedup_key)
+    .bind(scheduling.deliver_at.map(|t| t.to_string()))
+    .bind(scheduling.priority)
+    .fetch_one(conn)
+    .await
+    .map_err(db("enqueueing an outbox event"))?;
+    Ok(EventId::parse_stored(&id)?.0)
+}

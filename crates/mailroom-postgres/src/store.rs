@@ -51,6 +51,9 @@ struct Inner {
     /// waiting for the topic's advisory lock holds one pool connection,
     /// not one per caller (the holder needs another for its claim).
     capped: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// When each topic's claims last raised the events that waited
+    /// `max_wait_for_priority` ([`sql::raise_waiting`]).
+    raised: Mutex<HashMap<String, Instant>>,
 }
 
 impl Drop for Inner {
@@ -102,6 +105,7 @@ impl PostgresStore {
                 floors: Floors::default(),
                 sparse: Mutex::default(),
                 capped: Mutex::default(),
+                raised: Mutex::default(),
             }),
         })
     }
@@ -174,6 +178,29 @@ impl PostgresStore {
 
     /// A claim of independent events, from the topic's floor when it has
     /// one, then from its start for the rest if that came back short.
+    /// Raises the events of `req`'s topic that waited its
+    /// `max_wait_for_priority` ([`sql::raise_waiting`]), if the last time
+    /// was long enough ago; after a raise the topic's next claim walks from
+    /// its start (the raised events are older than its floor).
+    async fn raise_waiting(&self, req: &ClaimRequest) -> Result<()> {
+        let Some(max_wait) = req.max_wait_for_priority else {
+            return Ok(());
+        };
+        let every = (max_wait / 4).clamp(Duration::from_millis(50), RESCAN);
+        let now = Instant::now();
+        {
+            let mut raised = self.inner.raised.lock().unwrap_or_else(|e| e.into_inner());
+            match raised.get(&req.topic) {
+                Some(at) if now.saturating_duration_since(*at) < every => return Ok(()),
+                _ => raised.insert(req.topic.clone(), now),
+            };
+        }
+        if sql::raise_waiting(self.pool_ref(), req, max_wait).await? > 0 {
+            self.inner.floors.forget(&req.topic);
+        }
+        Ok(())
+    }
+
     async fn claim_independent(&self, req: &ClaimRequest) -> Result<Vec<(sql::Position, Claimed)>> {
         let floors = &self.inner.floors;
         let max = usize::try_from(req.max).unwrap_or(usize::MAX);
@@ -228,6 +255,10 @@ impl Store for PostgresStore {
         self.inner.writer.insert(event).await
     }
 
+    /// With `max_wait_for_priority`, events waiting that long behind higher
+    /// priorities are raised first, at most every quarter of that bound (and
+    /// every [`RESCAN`]): a low-priority event waits at most the bound plus
+    /// that, and a claim of a topic without priorities pays one probe.
     /// Independent topics are claimed from a floor (`floor.rs`): an event
     /// that turns pending behind newer ones waits at most
     /// `RESCAN` longer, the latitude [`Store::claim`] allows.
@@ -235,6 +266,7 @@ impl Store for PostgresStore {
         if req.max == 0 {
             return Ok(Vec::new());
         }
+        self.raise_waiting(req).await?;
         let claimed = match req.per_key {
             Some(on_dead) => self.claim_heads(req, on_dead).await?,
             None => self.claim_independent(req).await?,
@@ -318,6 +350,10 @@ impl Store for PostgresStore {
 
     async fn paused_for(&self, topic: &str) -> Result<Option<Duration>> {
         sql::paused_for(self.pool_ref(), topic).await
+    }
+
+    async fn expire(&self, topic: &str, expire_after: Duration, limit: u32) -> Result<u64> {
+        sql::expire(self.pool_ref(), topic, expire_after, limit).await
     }
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {

@@ -35,6 +35,8 @@ fn claim_req(topic: &str, max: u32, per_key: Option<OnDead>) -> ClaimRequest {
         max,
         lease: Duration::from_secs(30),
         per_key,
+        max_wait_for_priority: None,
+        expire_after: None,
     }
 }
 
@@ -704,4 +706,61 @@ async fn sequential_claims_reach_heads_past_a_deep_key() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `mailroom.enqueue`'s optional trailing arguments (SPEC §13): `priority`
+/// orders claims, `deliver_at` holds the event until then; the old
+/// five-argument call still works, and so do named arguments from SQL.
+#[tokio::test]
+async fn outbox_enqueue_takes_deliver_at_and_priority() {
+    use mailroom_postgres::outbox::{Scheduling, enqueue, enqueue_scheduled};
+    let (url, store) = fresh(true).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let payload = serde_json::json!({"n": 1});
+    let plain = enqueue(&mut conn, "t", "x", None, &payload, Some("plain"))
+        .await
+        .unwrap();
+    let urgent = Scheduling {
+        priority: 5,
+        ..Scheduling::default()
+    };
+    let high = enqueue_scheduled(&mut conn, "t", "x", None, &payload, Some("high"), urgent)
+        .await
+        .unwrap();
+    let due = store.now().await.unwrap() + Duration::from_millis(1500);
+    let later = Scheduling {
+        deliver_at: Some(due),
+        priority: 9,
+    };
+    let held = enqueue_scheduled(&mut conn, "t", "x", None, &payload, Some("later"), later)
+        .await
+        .unwrap();
+    let named: String = sqlx::query_scalar(
+        "SELECT mailroom.enqueue('t', 'x', NULL, '{}'::jsonb, 'named', priority => -1)::text",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let id = |u: uuid::Uuid| EventId(u);
+    let named = EventId::parse_stored(&named).unwrap();
+    let e = store.get(id(held)).await.unwrap().unwrap();
+    assert_eq!(e.priority, 9);
+    assert_eq!(
+        e.next_attempt_at.unwrap().as_millisecond(),
+        due.as_millisecond()
+    );
+    let taken: Vec<EventId> = store
+        .claim(&claim_req("t", 10, None))
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.event.id)
+        .collect();
+    assert_eq!(taken, vec![id(high), id(plain), named]);
+    while store.now().await.unwrap() < due {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = store.claim(&claim_req("t", 10, None)).await.unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].event.id, id(held));
 }

@@ -66,6 +66,9 @@ pub(crate) struct CreateEvent {
     /// Not run before this long after it is stored, on the store's clock
     /// (e.g. `"90s"`, `"3d"`). Not with `deliver_at`.
     delay: Option<String>,
+    /// Claim order within the topic: higher first (default 0). In a
+    /// sequential topic per-key order wins over it.
+    priority: Option<i32>,
 }
 
 /// (scope, key) pairs whose first request is being committed by this
@@ -286,6 +289,9 @@ impl CreateEvent {
         }
         if let Some(v) = self.causation_id {
             draft = draft.causation_id(v);
+        }
+        if let Some(v) = self.priority {
+            draft = draft.priority(v);
         }
         match (self.deliver_at, self.delay) {
             (Some(_), Some(_)) => {

@@ -61,17 +61,22 @@ pub use options::SqliteOptions;
 /// The documented outbox INSERT for applications sharing the SQLite file
 /// (SPEC §6): run it inside your own transaction. `:payload` is JSON text (or
 /// any bytes; bind a blob for binary); `:key` and `:type` may be NULL.
-/// The event is stored pending, due now, with source `outbox`, 15 attempts,
-/// and a random id (mailroom orders events by arrival, not by id).
+/// The event is stored pending with source `outbox`, 15 attempts, and a
+/// random id (mailroom orders events by arrival, not by id). Optional
+/// (SPEC §13; NULL or left unbound means the default): `:deliver_at`, not
+/// claimed before this instant (milliseconds since the Unix epoch; default
+/// now), and `:priority` (integer, higher first; default 0).
 pub const OUTBOX_INSERT: &str = "\
 INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts, max_attempts,
-                    next_attempt_at, received_at, content_type, payload)
-VALUES (
+                    next_attempt_at, received_at, content_type, payload, priority,
+                    held_until, ready_at)
+SELECT id, 'outbox', :topic, :dedup_key, :key, :type, 'pending', 0, 15,
+       COALESCE(:deliver_at, now), now, 'application/json', :payload, COALESCE(:priority, 0),
+       CASE WHEN :deliver_at > now THEN :deliver_at END, COALESCE(:deliver_at, now)
+FROM (SELECT
     lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' ||
-          substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6))),
-    'outbox', :topic, :dedup_key, :key, :type, 'pending', 0, 15,
-    CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
-    CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
-    'application/json', :payload)
+          substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6))) AS id,
+    CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) AS now)
+WHERE true
 ON CONFLICT (source, dedup_key) DO NOTHING";
 pub use store::SqliteStore;

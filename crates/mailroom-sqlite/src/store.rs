@@ -236,6 +236,14 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn expire(&self, topic: &str, expire_after: Duration, limit: u32) -> Result<u64> {
+        let topic = topic.to_owned();
+        self.write(WhenFull::Wait, move |c, now| {
+            sql::expire(c, &topic, expire_after, limit, now)
+        })
+        .await
+    }
+
     async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp> {
         Ok(self.inner.limits.pause(topic, pause))
     }
@@ -246,7 +254,7 @@ impl Store for SqliteStore {
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {
         let req = req.clone();
-        self.read(move |c| sql::next_due(c, &req)).await
+        self.read(move |c| sql::next_due(c, &req, now_ms())).await
     }
 
     async fn get(&self, id: EventId) -> Result<Option<Event>> {

@@ -24,6 +24,8 @@ fn claim_req(max: u32) -> ClaimRequest {
         max,
         lease: Duration::from_secs(30),
         per_key: None,
+        max_wait_for_priority: None,
+        expire_after: None,
     }
 }
 

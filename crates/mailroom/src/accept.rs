@@ -130,6 +130,7 @@ mod tests {
             payload: Bytes::from_static(b"{}"),
             max_attempts: 1,
             delivery: mailroom_core::Delivery::Now,
+            priority: 0,
         }
     }
 

@@ -44,6 +44,8 @@ pub struct EventObject<'a> {
     /// Event type.
     #[serde(rename = "type")]
     pub event_type: Option<&'a str>,
+    /// Claim order within the topic: higher first (SPEC §13; default 0).
+    pub priority: i32,
     /// Current status.
     pub status: Status,
     /// Attempts started so far.
@@ -96,6 +98,7 @@ impl<'a> EventObject<'a> {
             dedup_key: &e.dedup_key,
             key: e.key.as_deref(),
             event_type: e.event_type.as_deref(),
+            priority: e.priority,
             status: e.status,
             attempts: e.attempts,
             max_attempts: e.max_attempts,
@@ -399,6 +402,7 @@ mod tests {
             dedup_key: "d".into(),
             key: None,
             event_type: Some("created".into()),
+            priority: 0,
             status: Status::Pending,
             attempts: 0,
             max_attempts: 15,
@@ -462,6 +466,7 @@ mod tests {
                 "next_attempt_at",
                 "payload",
                 "payload_base64",
+                "priority",
                 "received_at",
                 "source",
                 "status",

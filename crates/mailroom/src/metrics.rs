@@ -15,6 +15,9 @@ pub const INGEST_DURATION: &str = "mailroom_ingest_duration_seconds";
 /// Counter, labels `topic`, `outcome` (`done`, `retry`, `dead`): attempts
 /// ended.
 pub const EVENTS_PROCESSED: &str = "mailroom_events_processed_total";
+/// Counter, label `topic`: pending events that became `expired` (older
+/// than their topic's `expire_after`, SPEC §13).
+pub const EVENTS_EXPIRED: &str = "mailroom_events_expired_total";
 /// Histogram, label `topic`: how long attempts took.
 pub const PROCESSING_DURATION: &str = "mailroom_processing_duration_seconds";
 /// Gauge, labels `topic`, `status`: events per status.

@@ -90,6 +90,9 @@ impl Store for Stalled {
     async fn cancel_matching(&self, _: &ListFilter) -> R<u64> {
         down()
     }
+    async fn expire(&self, _: &str, _: Duration, _: u32) -> R<u64> {
+        Ok(0)
+    }
     async fn rescue_expired(&self) -> R<u64> {
         Ok(0)
     }

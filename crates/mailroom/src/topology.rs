@@ -77,6 +77,12 @@ pub struct TopicSpec {
     /// At most this many events running at once, across every instance
     /// sharing the store (SPEC §13).
     pub max_running: Option<u32>,
+    /// A pending event older than this is not run: it becomes `expired`
+    /// (SPEC §13 `expire_after`); `None`: never.
+    pub expire_after: Option<Duration>,
+    /// The starvation bound of priorities: a due event waits at most about
+    /// this long behind higher-priority ones (SPEC §13).
+    pub max_wait_for_priority: Duration,
 }
 
 impl TopicSpec {
@@ -87,6 +93,8 @@ impl TopicSpec {
     /// How much longer than the timeout a lease lasts unless set: the time
     /// an attempt cut at its timeout has to record its outcome.
     pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+    /// Default `max_wait_for_priority` (SPEC §13): 5 minutes.
+    pub const DEFAULT_MAX_WAIT_FOR_PRIORITY: Duration = Duration::from_secs(300);
 
     /// A `single` topic with SPEC defaults: concurrency 16, 15 attempts from
     /// 2 s, 30 s timeout, 35 s lease.
@@ -102,6 +110,36 @@ impl TopicSpec {
             lease: Self::DEFAULT_TIMEOUT + Self::LEASE_MARGIN,
             rate: None,
             max_running: None,
+            expire_after: None,
+            max_wait_for_priority: Self::DEFAULT_MAX_WAIT_FOR_PRIORITY,
+        }
+    }
+
+    /// Pending events older than `after` are not run but `expired`.
+    pub fn expire_after(mut self, after: Duration) -> Self {
+        self.expire_after = Some(after);
+        self
+    }
+
+    /// Sets the starvation bound of priorities.
+    pub fn max_wait_for_priority(mut self, wait: Duration) -> Self {
+        self.max_wait_for_priority = wait;
+        self
+    }
+
+    /// A claim request for this topic's events as its mode, expiry and
+    /// starvation bound say.
+    pub fn claim_request(
+        &self,
+        worker: &str,
+        max: u32,
+        lease: Duration,
+    ) -> mailroom_core::ClaimRequest {
+        mailroom_core::ClaimRequest {
+            per_key: self.mode.per_key(),
+            max_wait_for_priority: Some(self.max_wait_for_priority),
+            expire_after: self.expire_after,
+            ..mailroom_core::ClaimRequest::new(self.name.clone(), worker, max, lease)
         }
     }
 
@@ -196,6 +234,12 @@ impl TopicSpec {
         if self.default_key.as_deref() == Some("") {
             return Err(SpecError::EmptyDefaultKey);
         }
+        if self.expire_after.is_some_and(|d| d.is_zero()) {
+            return Err(SpecError::ZeroExpireAfter);
+        }
+        if self.max_wait_for_priority.is_zero() {
+            return Err(SpecError::ZeroMaxWaitForPriority);
+        }
         self.retry.validate()?;
         if let Mode::Batch(b) = &self.mode {
             b.validate()?;
@@ -245,6 +289,12 @@ pub enum SpecError {
     /// `default_key` is the empty string.
     #[error("default_key must not be empty")]
     EmptyDefaultKey,
+    /// `expire_after` is 0: every event would expire before it could run.
+    #[error("expire_after must be more than 0")]
+    ZeroExpireAfter,
+    /// `max_wait_for_priority` is 0: priorities would mean nothing.
+    #[error("max_wait_for_priority must be more than 0")]
+    ZeroMaxWaitForPriority,
     /// The retry policy is inconsistent.
     #[error(transparent)]
     Retry(#[from] RetryPolicyError),
@@ -266,6 +316,8 @@ impl SpecError {
             SpecError::LeaseTooShort { .. } => "lease".into(),
             SpecError::Key(_) => "key".into(),
             SpecError::EmptyDefaultKey => "default_key".into(),
+            SpecError::ZeroExpireAfter => "expire_after".into(),
+            SpecError::ZeroMaxWaitForPriority => "max_wait_for_priority".into(),
             SpecError::Retry(e) => format!("retry.{}", e.key()),
             SpecError::Batch(e) => format!("batch.{}", e.key()),
         }
@@ -289,6 +341,8 @@ pub struct SourceSpec {
     /// Where an RFC 3339 time before which the event must not run lives
     /// (SPEC §13); absent in a request means now.
     pub deliver_at: Option<Field>,
+    /// Where the event's priority (an integer; absent means 0) lives (SPEC §13).
+    pub priority: Option<Field>,
     /// Signature verification, checked before anything else.
     pub verifier: Option<mailroom_signatures::Verifier>,
     /// Largest accepted body in bytes.
@@ -343,6 +397,7 @@ impl SourceSpec {
             event_type: None,
             key: None,
             deliver_at: None,
+            priority: None,
             verifier: None,
             max_body: DEFAULT_MAX_BODY,
             rate_limit: None,
@@ -368,7 +423,8 @@ impl SourceSpec {
         let fields = (self.id.iter().map(|f| ("id", f)))
             .chain(self.event_type.iter().map(|f| ("type", f)))
             .chain(self.key.iter().map(|f| ("key", f)))
-            .chain(self.deliver_at.iter().map(|f| ("deliver_at", f)));
+            .chain(self.deliver_at.iter().map(|f| ("deliver_at", f)))
+            .chain(self.priority.iter().map(|f| ("priority", f)));
         for (key, f) in fields {
             f.validate().map_err(|e| SourceSpecError::Field(key, e))?;
         }

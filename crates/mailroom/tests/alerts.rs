@@ -171,6 +171,8 @@ async fn alerts_fire_from_real_processing_and_resolve() {
             max: 6,
             lease: Duration::from_secs(30),
             per_key: None,
+            max_wait_for_priority: None,
+            expire_after: None,
         })
         .await
         .expect("claim");
@@ -301,6 +303,8 @@ async fn alert_notifications_are_signed_and_sent_once_per_transition() {
             max: 3,
             lease: Duration::from_secs(30),
             per_key: None,
+            max_wait_for_priority: None,
+            expire_after: None,
         })
         .await
         .expect("claim");

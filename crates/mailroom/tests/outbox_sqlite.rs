@@ -102,3 +102,62 @@ async fn rollback_leaves_nothing_and_commit_delivers_once() {
         .expect("list");
     assert_eq!(all.events.len(), 1, "the rolled-back event must not exist");
 }
+
+/// The SQLite outbox INSERT's optional `:priority` and `:deliver_at`
+/// (milliseconds since the epoch; SPEC §13): claims take the higher
+/// priority first and hold a later one until it is due; rows written
+/// without them get the defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_insert_takes_priority_and_deliver_at() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("app.db");
+    let store = mailroom::open_store(&format!("sqlite://{}", path.display()), true)
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    let conn = rusqlite::Connection::open(&path).expect("app connection");
+    conn.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    let due = store.now().await.expect("now") + Duration::from_millis(1500);
+    let rows: [(&str, Option<i64>, Option<i64>); 3] = [
+        ("plain", None, None),
+        ("high", Some(5), None),
+        ("later", Some(9), Some(due.as_millisecond())),
+    ];
+    for (dedup, priority, deliver_at) in rows {
+        let mut stmt = conn
+            .prepare(mailroom_sqlite::OUTBOX_INSERT)
+            .expect("prepare");
+        let mut bind = |name: &str, value: &dyn rusqlite::ToSql| {
+            let i = stmt.parameter_index(name).expect("name").expect("present");
+            stmt.raw_bind_parameter(i, value).expect("bind");
+        };
+        bind(":topic", &"orders");
+        bind(":type", &"order.created");
+        bind(":payload", &"{}");
+        bind(":dedup_key", &dedup);
+        // Left unbound (NULL) when not given, as an application that
+        // predates them would.
+        if let Some(p) = priority {
+            bind(":priority", &p);
+        }
+        if let Some(at) = deliver_at {
+            bind(":deliver_at", &at);
+        }
+        assert_eq!(stmt.raw_execute().expect("insert"), 1);
+    }
+    let req = mailroom::ClaimRequest::new("orders", "w", 10, Duration::from_secs(30));
+    let dedup = |c: &[mailroom::Claimed]| -> Vec<String> {
+        c.iter().map(|c| c.event.dedup_key.clone()).collect()
+    };
+    assert_eq!(
+        dedup(&store.claim(&req).await.expect("claim")),
+        ["high", "plain"]
+    );
+    while store.now().await.expect("now") < due {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let later = store.claim(&req).await.expect("claim");
+    assert_eq!(dedup(&later), ["later"]);
+    assert_eq!(later[0].event.priority, 9);
+}

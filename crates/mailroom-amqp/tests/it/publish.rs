@@ -311,6 +311,7 @@ fn event_keyed(key: &str, n: usize) -> Event {
         dedup_key: format!("{key}-{n}"),
         key: Some(key.into()),
         event_type: None,
+        priority: 0,
         status: Status::Running,
         attempts: 1,
         max_attempts: 1,

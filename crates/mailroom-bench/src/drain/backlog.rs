@@ -245,6 +245,8 @@ async fn probe_with(
         max: s.probe_size.max(1),
         lease: Duration::from_secs(60),
         per_key: (s.mode == DrainMode::Sequential).then_some(OnDead::Block),
+        max_wait_for_priority: None,
+        expire_after: None,
     };
     let drained = p.handled.load(Ordering::Relaxed);
     let mut claim_ms = Vec::new();

@@ -98,6 +98,7 @@ fn show_fields(e: &Event) {
     outln!("dedup key       {}", e.dedup_key);
     outln!("key             {}", opt(&e.key));
     outln!("type            {}", opt(&e.event_type));
+    outln!("priority        {}", e.priority);
     outln!("attempts        {} of {}", e.attempts, e.max_attempts);
     outln!("received at     {}", e.received_at);
     if let Some(t) = e.next_attempt_at {

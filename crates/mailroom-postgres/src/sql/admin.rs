@@ -43,9 +43,10 @@ macro_rules! requeue {
         concat!(
             "WITH replayed AS (",
             $replayed,
-            ") INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
-             SELECT seq, topic, key, now(), 'pending' FROM replayed
-             ON CONFLICT (seq) DO UPDATE SET state = 'pending', run_at = EXCLUDED.run_at"
+            ") INSERT INTO mailroom.queue (seq, topic, key, priority, run_at, ready_at, state)
+             SELECT seq, topic, key, priority, now(), now(), 'pending' FROM replayed
+             ON CONFLICT (seq) DO UPDATE SET state = 'pending', run_at = EXCLUDED.run_at,
+                 ready_at = EXCLUDED.ready_at, priority = EXCLUDED.priority"
         )
     };
 }
@@ -61,7 +62,7 @@ pub(crate) async fn replay(pool: &PgPool, id: EventId, budget: u32) -> Result<Ev
          SET status = 'pending', max_attempts = LEAST(attempts + $2, 4294967295),
              next_attempt_at = now(), lease_until = NULL
          WHERE id = $1::text::uuid AND status <> 'running' AND payload IS NOT NULL
-         RETURNING seq, topic, key"
+         RETURNING seq, topic, key, priority"
     ))
     .bind(id.to_string())
     .bind(i64::from(budget))
@@ -127,11 +128,12 @@ pub(crate) async fn replay_matching(
                  next_attempt_at = now(), lease_until = NULL
              FROM matching m
              WHERE e.seq = m.seq AND NOT m.purged AND e.status <> 'running'
-             RETURNING e.seq, e.topic, e.key
+             RETURNING e.seq, e.topic, e.key, e.priority
          ), queued AS (
-             INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
-             SELECT seq, topic, key, now(), 'pending' FROM replayed
-             ON CONFLICT (seq) DO UPDATE SET state = 'pending', run_at = EXCLUDED.run_at
+             INSERT INTO mailroom.queue (seq, topic, key, priority, run_at, ready_at, state)
+             SELECT seq, topic, key, priority, now(), now(), 'pending' FROM replayed
+             ON CONFLICT (seq) DO UPDATE SET state = 'pending', run_at = EXCLUDED.run_at,
+                 ready_at = EXCLUDED.ready_at, priority = EXCLUDED.priority
          )
          SELECT (SELECT count(*) FROM replayed),
                 (SELECT count(*) FROM matching WHERE purged)"
@@ -294,11 +296,11 @@ pub(crate) async fn cancel(pool: &PgPool, id: EventId) -> Result<Event> {
     get(pool, id).await?.ok_or(StoreError::NotFound)
 }
 
-/// The pending queue rows of `$1` topic and `$2` key.
+/// The pending queue rows (scheduled ones too) of `$1` topic and `$2` key.
 macro_rules! pending_matching {
     () => {
         "FROM mailroom.queue q
-         WHERE q.state = 'pending'
+         WHERE q.state IN ('pending', 'scheduled')
            AND ($1::text IS NULL OR q.topic = $1)
            AND ($2::text IS NULL OR q.key = $2)"
     };

@@ -43,6 +43,36 @@ macro_rules! head_skip {
     };
 }
 
+/// Sequential topics: moves the `scheduled` queue rows of topic `$1`
+/// that fell due to `pending` (at most 1,000 per claim; `queue_scheduled`),
+/// first in a claim's transaction, so its walk sees them. Scheduled rows
+/// are not in `queue_claim`, so a backlog of events delivered later costs
+/// claims nothing. (Claims of independent events take due scheduled rows
+/// directly, [`claim_selection!`].)
+pub(super) const PROMOTE: &str = "
+    UPDATE mailroom.queue s SET state = 'pending'
+    WHERE s.seq = ANY(ARRAY(
+        SELECT d.seq FROM mailroom.queue d
+        WHERE d.topic = ANY(ARRAY[$1::text]) AND d.state = 'scheduled' AND d.run_at <= now()
+        ORDER BY d.topic, d.run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
+      AND s.state = 'scheduled'";
+
+/// "Queue row `$row` has not expired": `$param` is `expire_after` in µs,
+/// NULL without it. The expiry clock starts at `ready_at` (migration 11).
+macro_rules! unexpired {
+    ($row:literal, $param:literal) => {
+        concat!(
+            "(",
+            $param,
+            "::int8 IS NULL OR ",
+            $row,
+            ".ready_at > now() - ",
+            $param,
+            " * interval '1 microsecond')"
+        )
+    };
+}
+
 /// Moves the queue rows whose `seq` the selection yields to `running`,
 /// and their events with them (status, attempt count — the new fencing
 /// token —, lease, worker): the event's update is HOT (`schema.rs`,
@@ -76,40 +106,72 @@ macro_rules! claim_update {
 }
 
 /// The due pending rows of topic `$3`, at most `$4`, highest priority
-/// first, then in arrival order. `FOR UPDATE SKIP LOCKED` makes
-/// concurrent claimers (any number of instances) pass over each other's
-/// rows instead of waiting or taking the same event.
+/// first, then in arrival order, not expired (`$5`); and with them the
+/// due `scheduled` rows (events delivered later, `queue_scheduled`), at
+/// most `$4` by due time, which the claim takes straight to running. The
+/// two walks are merged in claim order: a sort of at most `2 × $4` rows.
+/// `FOR UPDATE SKIP LOCKED` makes concurrent claimers (any number of
+/// instances) pass over each other's rows instead of waiting or taking
+/// the same event.
 ///
 /// The topic is spelled `= ANY(ARRAY[$3])` and the rows ordered by
 /// `(topic, -priority, seq)` so that only `queue_claim` yields that order,
 /// whatever the statistics say (`docs/perf/postgres.md`). `$rest` narrows
 /// the walk.
 macro_rules! claim_selection {
-    ($rest:literal, $order:literal) => {
+    ($rest:literal, $order:literal, $higher:literal, $union:literal) => {
         concat!(
-            "SELECT c.seq FROM mailroom.queue c
-             WHERE c.topic = ANY(ARRAY[$3::text]) AND c.state = 'pending'
-               AND c.run_at <= now() ",
+            "WITH due_pending AS (
+                 SELECT c.seq, c.priority FROM mailroom.queue c
+                 WHERE c.topic = ANY(ARRAY[$3::text]) AND c.state = 'pending'
+                   AND c.run_at <= now() AND ",
+            unexpired!("c", "$5"),
+            " ",
             $rest,
             " ORDER BY ",
             $order,
-            " LIMIT $4 FOR UPDATE SKIP LOCKED"
+            " LIMIT $4 FOR UPDATE SKIP LOCKED
+             ), due_scheduled AS (
+                 SELECT d.seq, d.priority FROM mailroom.queue d
+                 WHERE d.topic = ANY(ARRAY[$3::text]) AND d.state = 'scheduled'
+                   AND d.run_at <= now() AND ",
+            unexpired!("d", "$5"),
+            " ORDER BY d.topic, d.run_at LIMIT $4 FOR UPDATE SKIP LOCKED
+             )",
+            $higher,
+            "
+             SELECT u.seq FROM (SELECT * FROM due_pending UNION ALL SELECT * FROM due_scheduled",
+            $union,
+            ") u
+             ORDER BY -u.priority, u.seq LIMIT $4"
         )
     };
 }
 
 /// Independent events, the whole topic: one statement.
 pub(super) const CLAIM_ANY: &str =
-    claim_update!(claim_selection!("", "c.topic, -c.priority, c.seq"));
+    claim_update!(claim_selection!("", "c.topic, -c.priority, c.seq", "", ""));
 
 /// Independent events from a floor (`floor.rs`): from position (priority
-/// `$6`, `seq` `$5`) on in claim order, past the rows earlier claims took.
+/// `$7`, `seq` `$6`) on in claim order, past the rows earlier claims took.
 /// One row comparison over `queue_claim`'s columns, which starts the index
 /// walk there; a condition on `seq` alone let the planner walk the primary
 /// key from the floor instead and sort all it found.
+///
+/// Rows of a higher priority than the floor's (`due_higher`) come before
+/// it in claim order: they are walked from the topic's start up to the
+/// floor's priority, so an urgent event that arrives during a backlog is
+/// taken by the next claim. Without priorities that range is empty.
 pub(super) const CLAIM_FROM: &str = claim_update!(claim_selection!(
-    "AND (c.topic, -c.priority, c.seq) >= ($3, -$6, $5)",
-    "c.topic, -c.priority, c.seq"
+    "AND (c.topic, -c.priority, c.seq) >= ($3, -$7, $6)",
+    "c.topic, -c.priority, c.seq",
+    ", due_higher AS (
+         SELECT h.seq, h.priority FROM mailroom.queue h
+         WHERE h.topic = ANY(ARRAY[$3::text]) AND h.state = 'pending'
+           AND (h.topic, -h.priority) < ($3, -$7) AND h.run_at <= now()
+           AND ($5::int8 IS NULL OR h.ready_at > now() - $5 * interval '1 microsecond')
+         ORDER BY h.topic, -h.priority, h.seq LIMIT $4 FOR UPDATE SKIP LOCKED)",
+    " UNION ALL SELECT * FROM due_higher"
 ));
 
 /// "Row `e` is pending", for rows found by `seq`: checked again on the
@@ -127,7 +189,7 @@ macro_rules! pending_by_seq {
 
 /// Sequential topics, step 1: the candidate heads (on this statement's
 /// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
-/// `$3` lock class, `$4` window.
+/// `$3` lock class, `$4` window, `$5` expiry (µs or NULL).
 ///
 /// The walk reads the topic's first `$4` pending rows in claim order
 /// (`walk`): with a few keys and deep backlogs almost every pending event
@@ -141,12 +203,15 @@ macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
             "WITH walk AS MATERIALIZED (
-                 SELECT w.seq, w.run_at FROM mailroom.queue w
+                 SELECT w.seq, w.run_at, w.ready_at FROM mailroom.queue w
                  WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
                  ORDER BY w.topic, -w.priority, w.seq LIMIT $4
              ), candidates AS MATERIALIZED (
                  SELECT e.seq, e.key FROM mailroom.queue e
-                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM walk WHERE run_at <= now()))
+                 WHERE e.seq = ANY(ARRAY(SELECT w.seq FROM walk w WHERE w.run_at <= now()
+                                         AND ",
+            unexpired!("w", "$5"),
+            "))
                    AND ",
             pending_by_seq!(),
             " AND ",
@@ -190,9 +255,9 @@ macro_rules! heads_by_key {
             $keys,
             "
              ), heads AS (
-                 SELECT h.seq, h.key, h.run_at
+                 SELECT h.seq, h.key, h.run_at, h.ready_at
                  FROM keys CROSS JOIN LATERAL (
-                     SELECT f.seq, f.key, f.state, f.run_at FROM mailroom.queue f
+                     SELECT f.seq, f.key, f.state, f.run_at, f.ready_at FROM mailroom.queue f
                      WHERE f.topic = ANY(ARRAY[$1::text]) AND f.key IS NOT NULL
                        AND f.key >= keys.key AND f.key <= keys.key ",
             $dead,
@@ -209,14 +274,17 @@ macro_rules! heads_by_key {
 /// Sequential topics, step 1 past the walk's bound: the heads of keys
 /// ([`heads_by_key!`]) that are due, minus the `seq`s the walk already
 /// took (`$3`), locked as the walk's are. `$1` topic, `$2` max, `$4` lock
-/// class.
+/// class, `$5` expiry.
 macro_rules! claim_heads_by_key {
     ($dead:literal) => {
         concat!(
             heads_by_key!($dead, "10000"),
             ", candidates AS MATERIALIZED (
                  SELECT e.seq, e.key FROM mailroom.queue e
-                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM heads WHERE run_at <= now()))
+                 WHERE e.seq = ANY(ARRAY(SELECT h.seq FROM heads h WHERE h.run_at <= now()
+                                         AND ",
+            unexpired!("h", "$5"),
+            "))
                    AND NOT (e.seq = ANY($3)) AND ",
             pending_by_seq!(),
             "
@@ -232,16 +300,19 @@ pub(super) const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.state
 
 /// Sequential topics, step 1 past the walk's bound: due keyless events
 /// (independent; only the outbox can store them in a sequential topic),
-/// minus the `seq`s already taken (`$3`). `$1` topic, `$2` max. It walks
+/// minus the `seq`s already taken (`$3`). `$1` topic, `$2` max, `$4`
+/// expiry. It walks
 /// every pending event of the topic, so a claim runs it at most once per
 /// [`RESCAN`](crate::floor::RESCAN) while the topic's heads are sparse:
 /// without it, a keyless event behind a blocked key's deep backlog would
 /// never come within the walk's bound.
-pub(super) const KEYLESS: &str = "
-    SELECT e.seq FROM mailroom.queue e
-    WHERE e.topic = ANY(ARRAY[$1::text]) AND e.state = 'pending'
-      AND e.run_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3))
-    ORDER BY e.topic, -e.priority, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED";
+pub(super) const KEYLESS: &str = concat!(
+    "SELECT e.seq FROM mailroom.queue e
+     WHERE e.topic = ANY(ARRAY[$1::text]) AND e.state = 'pending'
+       AND e.run_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3)) AND ",
+    unexpired!("e", "$4"),
+    " ORDER BY e.topic, -e.priority, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED"
+);
 
 /// Pending events a sequential claim's walk tests at most (its bound).
 pub(crate) const SEQUENTIAL_WINDOW: i64 = 1024;
@@ -269,6 +340,61 @@ macro_rules! claim_locked {
     };
 }
 
+/// The starvation bound (`max_wait_for_priority`, `$2` µs): the pending
+/// rows of topic `$1` below its highest priority that have been due that
+/// long take the highest priority in the queue (their event keeps the
+/// priority it was given), so the next claims take them, oldest first.
+///
+/// Index-driven like a claim: the priorities present are found one
+/// `queue_claim` probe each (a skip scan, at most 100), and in each lower
+/// one only its first `$3` rows in claim order are looked at, the oldest
+/// arrivals, which are the ones waiting longest.
+pub(super) const RAISE_WAITING: &str = "
+    WITH RECURSIVE levels (p, n) AS (
+        (SELECT -c.priority, 1 FROM mailroom.queue c
+         WHERE c.topic = ANY(ARRAY[$1::text]) AND c.state = 'pending'
+         ORDER BY c.topic, -c.priority LIMIT 1)
+        UNION ALL
+        SELECT nx.p, levels.n + 1 FROM levels CROSS JOIN LATERAL (
+            SELECT -c.priority AS p FROM mailroom.queue c
+            WHERE c.topic = ANY(ARRAY[$1::text]) AND c.state = 'pending'
+              AND -c.priority > levels.p
+            ORDER BY c.topic, -c.priority LIMIT 1) nx
+        WHERE levels.n < 100
+    ), waiting AS (
+        SELECT x.seq FROM levels CROSS JOIN LATERAL (
+            SELECT w.seq, w.run_at FROM mailroom.queue w
+            WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
+              AND -w.priority = levels.p
+            ORDER BY w.topic, -w.priority, w.seq LIMIT $3) x
+        WHERE levels.n > 1 AND x.run_at <= now() - $2 * interval '1 microsecond'
+    ), locked AS (
+        SELECT q.seq FROM mailroom.queue q
+        WHERE q.seq = ANY(ARRAY(SELECT seq FROM waiting)) AND q.state = 'pending'
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE mailroom.queue q SET priority = -(SELECT p FROM levels WHERE n = 1)
+    WHERE q.seq = ANY(ARRAY(SELECT seq FROM locked))";
+
+/// Rows of each lower priority [`RAISE_WAITING`] looks at.
+const RAISE_WINDOW: i64 = 1000;
+
+/// Runs [`RAISE_WAITING`] for `req`'s topic; how many rows it raised.
+pub(crate) async fn raise_waiting(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    max_wait: std::time::Duration,
+) -> Result<u64> {
+    let raised = sqlx::query(RAISE_WAITING)
+        .bind(&req.topic)
+        .bind(micros(max_wait))
+        .bind(RAISE_WINDOW)
+        .execute(pool)
+        .await
+        .map_err(db("raising events that waited max_wait_for_priority"))?;
+    Ok(raised.rows_affected())
+}
+
 /// Where a claim stands in a topic's claim order: (priority, seq).
 pub(crate) type Position = (i32, i64);
 
@@ -287,7 +413,8 @@ pub(crate) async fn claim_from(
     .bind(micros(req.lease))
     .bind(&req.worker)
     .bind(&req.topic)
-    .bind(i64::from(req.max));
+    .bind(i64::from(req.max))
+    .bind(req.expire_after.map(micros));
     let query = match from {
         None => query,
         Some((priority, seq)) => query.bind(seq).bind(priority),
@@ -345,6 +472,11 @@ pub(crate) async fn claim_heads(
         ),
     };
     let mut tx = pool.begin().await.map_err(db(CTX))?;
+    sqlx::query(PROMOTE)
+        .bind(&req.topic)
+        .execute(&mut *tx)
+        .await
+        .map_err(db(CTX))?;
     let (mut seqs, cut_short) = walk_candidates(&mut tx, req, pick, window).await?;
     if cut_short {
         more_candidates(&mut tx, by_key, req, &mut seqs, true).await?;
@@ -353,7 +485,8 @@ pub(crate) async fn claim_heads(
         }
     }
     if seqs.is_empty() {
-        tx.rollback().await.map_err(db(CTX))?;
+        // Commits what PROMOTE moved (scheduled rows due).
+        tx.commit().await.map_err(db(CTX))?;
         return Ok((Vec::new(), cut_short));
     }
     let rows = sqlx::query(take)
@@ -382,6 +515,7 @@ async fn walk_candidates(
         .bind(max)
         .bind(KEY_LOCK_CLASS)
         .bind(window)
+        .bind(req.expire_after.map(micros))
         .fetch_one(&mut **tx)
         .await
         .map_err(db("claiming events"))?;
@@ -411,6 +545,7 @@ async fn more_candidates(
     if locks {
         query = query.bind(KEY_LOCK_CLASS);
     }
+    query = query.bind(req.expire_after.map(micros));
     let more: Vec<i64> = query
         .fetch_all(&mut **tx)
         .await
@@ -452,18 +587,25 @@ fn claimed_from_rows(rows: &[PgRow]) -> Result<Vec<(Position, Claimed)>> {
         .collect()
 }
 
+/// Independent events: the earliest due time of a pending row that has not
+/// expired (`$2`), or of a scheduled one (`queue_scheduled`).
 pub(super) const NEXT_DUE: &str = concat!(
-    "SELECT ",
-    us!("MIN(e.run_at)"),
-    " FROM mailroom.queue e WHERE e.topic = $1 AND e.state = 'pending'"
+    "SELECT (extract(epoch FROM LEAST(
+         (SELECT MIN(e.run_at) FROM mailroom.queue e
+          WHERE e.topic = $1 AND e.state = 'pending' AND ",
+    unexpired!("e", "$2"),
+    "),
+         (SELECT MIN(s.run_at) FROM mailroom.queue s
+          WHERE s.topic = $1 AND s.state = 'scheduled'))) * 1000000)::int8"
 );
 
 /// Sequential topics: the earliest due time among the keys' heads
 /// ([`heads_by_key!`]) and the keyless pending events among the first `$2`
 /// pending ones, the part of the topic the next claim's walk reaches (`$2`
-/// is that walk's bound), so it never walks the whole backlog. A keyless
-/// event past the bound cannot be claimed until the walk reaches it, so it
-/// does not count here either (`docs/perf/postgres.md`).
+/// is that walk's bound), so it never walks the whole backlog; neither
+/// expired (`$3`). A keyless event past the bound cannot be claimed until
+/// the walk reaches it, so it does not count here either
+/// (`docs/perf/postgres.md`). Scheduled rows count by their due time.
 macro_rules! next_due_by_key {
     ($dead:literal) => {
         concat!(
@@ -471,13 +613,22 @@ macro_rules! next_due_by_key {
             " SELECT ",
             us!("MIN(t.due)"),
             " FROM (
-                 SELECT heads.run_at AS due FROM heads
+                 SELECT heads.run_at AS due FROM heads WHERE ",
+            unexpired!("heads", "$3"),
+            "
                  UNION ALL
                  SELECT w.run_at FROM (
-                     SELECT c.key, c.run_at FROM mailroom.queue c
+                     SELECT c.key, c.run_at, c.ready_at FROM mailroom.queue c
                      WHERE c.topic = ANY(ARRAY[$1::text]) AND c.state = 'pending'
                      ORDER BY c.topic, -c.priority, c.seq LIMIT $2) w
-                 WHERE w.key IS NULL) t"
+                 WHERE w.key IS NULL AND ",
+            unexpired!("w", "$3"),
+            "
+                 UNION ALL
+                 SELECT s.run_at FROM (
+                     SELECT d.run_at FROM mailroom.queue d
+                     WHERE d.topic = ANY(ARRAY[$1::text]) AND d.state = 'scheduled'
+                     ORDER BY d.topic, d.run_at LIMIT 1) s) t"
         )
     };
 }
@@ -498,6 +649,7 @@ pub(crate) async fn next_due(
     if req.per_key.is_some() {
         query = query.bind(window);
     }
+    query = query.bind(req.expire_after.map(micros));
     let due: Option<i64> = query
         .fetch_one(pool)
         .await

@@ -157,3 +157,45 @@ pub(crate) async fn try_lead(
     .map_err(db("electing a leader"))?;
     Ok(won.is_some())
 }
+
+/// Moves up to `limit` pending events of `topic` whose expiry clock
+/// (`queue.ready_at`) started `expire_after` or longer ago to `expired`;
+/// their queue rows go. Queue rows first, as claims lock them.
+pub(crate) async fn expire(
+    pool: &PgPool,
+    topic: &str,
+    expire_after: std::time::Duration,
+    limit: u32,
+) -> Result<u64> {
+    // Scheduled rows due long ago (a busy topic) are pending first.
+    sqlx::query(super::claims::PROMOTE)
+        .bind(topic)
+        .execute(pool)
+        .await
+        .map_err(db("expiring events"))?;
+    let expired: i64 = sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM mailroom.queue q
+             WHERE q.seq = ANY(ARRAY(
+                 SELECT c.seq FROM mailroom.queue c
+                 WHERE c.topic = ANY(ARRAY[$1::text]) AND c.state = 'pending'
+                   AND c.ready_at <= now() - $2 * interval '1 microsecond'
+                 ORDER BY c.topic, -c.priority, c.seq LIMIT $3 FOR UPDATE SKIP LOCKED))
+             RETURNING q.seq
+         ), expired AS (
+             UPDATE mailroom.events e
+             SET status = 'expired', next_attempt_at = NULL, last_error = $4
+             FROM gone g WHERE e.seq = g.seq AND e.status = 'pending'
+             RETURNING e.seq
+         )
+         SELECT count(*) FROM expired",
+    )
+    .bind(topic)
+    .bind(super::micros(expire_after))
+    .bind(i64::from(limit))
+    .bind(mailroom_core::expiry_reason(expire_after))
+    .fetch_one(pool)
+    .await
+    .map_err(db("expiring events"))?;
+    Ok(expired.unsigned_abs())
+}

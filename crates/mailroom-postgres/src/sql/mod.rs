@@ -42,7 +42,7 @@ macro_rules! event_cols {
             us!("e.received_at"),
             ", e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, ",
             us!("e.lease_until"),
-            ", e.traceparent"
+            ", e.traceparent, e.priority"
         )
     };
 }
@@ -63,12 +63,13 @@ pub(crate) use admin::{
 };
 pub(crate) use claims::{
     Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, claim_order, next_due,
+    raise_waiting,
 };
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use limits::{
     give_back_tokens, lock_and_count_running, pause_topic, paused_for, take_tokens,
 };
-pub(crate) use maintenance::{purge, rescue_expired, try_lead};
+pub(crate) use maintenance::{expire, purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch, list};
 pub(crate) use stats::{attempt_window, stats, throughput};
 
@@ -115,7 +116,7 @@ pub(super) fn count(row: &PgRow, i: usize) -> Result<u32> {
 }
 
 /// How many columns `event_cols!()` selects.
-pub(super) const EVENT_COLS: usize = 19;
+pub(super) const EVENT_COLS: usize = 20;
 
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
@@ -140,6 +141,7 @@ pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
         last_error: col(row, 16)?,
         lease_until: opt_ts(col(row, 17)?)?,
         traceparent: col(row, 18)?,
+        priority: col(row, 19)?,
         history: Vec::new(),
     };
     Ok((col(row, 0)?, event))

@@ -7,7 +7,7 @@
 
 use super::claims::{
     CLAIM_ANY, CLAIM_FROM, HEADS_BY_KEY, HEADS_BY_KEY_SKIP_DEAD, KEY_LOCK_CLASS, KEYLESS, NEXT_DUE,
-    SEQUENTIAL_WINDOW,
+    PROMOTE, SEQUENTIAL_WINDOW,
 };
 use super::completions::COMPLETE_MANY;
 use super::maintenance::RESCUE;
@@ -151,12 +151,14 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
             .bind(30_000_000_i64)
             .bind("w")
             .bind("t")
-            .bind(100_i64);
+            .bind(100_i64)
+            .bind(None::<i64>);
         let from_floor = explain(CLAIM_FROM)
             .bind(30_000_000_i64)
             .bind("w")
             .bind("t")
             .bind(100_i64)
+            .bind(Some(3_600_000_000_i64))
             .bind(19_500_i64)
             .bind(0_i32);
         let sequential = |sql| {
@@ -165,6 +167,7 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
                 .bind(100_i64)
                 .bind(KEY_LOCK_CLASS)
                 .bind(SEQUENTIAL_WINDOW)
+                .bind(Some(3_600_000_000_i64))
         };
         let block = claim_candidates!(head_block!());
         let skip = claim_candidates!(head_skip!());
@@ -177,11 +180,12 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
                 plan(&mut conn, sequential(skip)).await,
             ),
         ];
-        let args = "30000000, 'w', 't', 100";
-        let generic = generic_plan(&mut conn, CLAIM_ANY, "int8, text, text, int8", args).await;
+        let args = "30000000, 'w', 't', 100, 3600000000";
+        let types = "int8, text, text, int8, int8";
+        let generic = generic_plan(&mut conn, CLAIM_ANY, types, args).await;
         plans.push(("single, generic plan", generic));
-        let args = "30000000, 'w', 't', 100, 19500, 0";
-        let types = "int8, text, text, int8, int8, int4";
+        let args = "30000000, 'w', 't', 100, NULL, 19500, 0";
+        let types = "int8, text, text, int8, int8, int8, int4";
         let generic = generic_plan(&mut conn, CLAIM_FROM, types, args).await;
         plans.push(("from a floor, generic", generic));
         for (name, sql) in [
@@ -191,8 +195,8 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
             let generic = generic_plan(
                 &mut conn,
                 sql,
-                "text, int8, int4, int8",
-                "'t', 100, 1, 1024",
+                "text, int8, int4, int8, int8",
+                "'t', 100, 1, 1024, NULL",
             )
             .await;
             plans.push((name, generic));
@@ -200,7 +204,11 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
         // Keyless events of a sequential topic (once a second at most,
         // while its heads are sparse): all keyed here, so the planner may
         // read the queue whole, but never `events`.
-        let keyless = explain(KEYLESS).bind("t").bind(100_i64).bind(vec![1_i64]);
+        let keyless = explain(KEYLESS)
+            .bind("t")
+            .bind(100_i64)
+            .bind(vec![1_i64])
+            .bind(None::<i64>);
         let keyless = plan(&mut conn, keyless).await;
         assert!(
             !keyless.contains(" on events"),
@@ -215,6 +223,11 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
             assert!(
                 walks_by_topic(&plan, "queue_claim"),
                 "{moment}, {name}: rows found by seq through queue_claim:\n{plan}"
+            );
+            assert!(
+                !(name.starts_with("single") || name.contains("floor"))
+                    || plan.contains("using queue_scheduled on queue"),
+                "{moment}, {name}: scheduled rows are not found through queue_scheduled:\n{plan}"
             );
         }
     }
@@ -249,16 +262,21 @@ async fn heads_by_key_probe_the_open_keys_index() {
                 .bind("t")
                 .bind(100_i64)
                 .bind(vec![1_i64])
-                .bind(KEY_LOCK_CLASS);
+                .bind(KEY_LOCK_CLASS)
+                .bind(None::<i64>);
             plans.push((name, plan(&mut conn, custom).await));
-            let args = "'t', 100, '{1}', 1";
-            let types = "text, int8, int8[], int4";
+            let args = "'t', 100, '{1}', 1, 3600000000";
+            let types = "text, int8, int8[], int4, int8";
             plans.push((name, generic_plan(&mut conn, sql, types, args).await));
         }
         for (name, sql) in next_due {
-            let custom = explain(sql).bind("t").bind(SEQUENTIAL_WINDOW);
+            let custom = explain(sql)
+                .bind("t")
+                .bind(SEQUENTIAL_WINDOW)
+                .bind(None::<i64>);
             plans.push((name, plan(&mut conn, custom).await));
-            let generic = generic_plan(&mut conn, sql, "text, int8", "'t', 1024").await;
+            let types = "text, int8, int8";
+            let generic = generic_plan(&mut conn, sql, types, "'t', 1024, NULL").await;
             plans.push((name, generic));
         }
         for (name, plan) in plans {
@@ -405,7 +423,8 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
             .bind("t")
             .bind(256_i64)
             .bind(KEY_LOCK_CLASS)
-            .bind(SEQUENTIAL_WINDOW);
+            .bind(SEQUENTIAL_WINDOW)
+            .bind(None::<i64>);
         let plan = plan(&mut conn, query).await;
         assert!(
             walks_by_topic(&plan, "queue_claim") && !plan.contains("Seq Scan"),
@@ -442,10 +461,20 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
 async fn next_due_and_rescue_read_the_queue_indexes() {
     let mut conn = analysed_backlog(50).await;
     finish_most(&mut conn).await;
-    let next_due = plan(&mut conn, explain(NEXT_DUE).bind("t")).await;
-    assert!(!next_due.contains(" on events"), "{next_due}");
-    let generic = generic_plan(&mut conn, NEXT_DUE, "text", "'t'").await;
-    assert!(!generic.contains(" on events"), "{generic}");
+    let next_due = explain(NEXT_DUE).bind("t").bind(None::<i64>);
+    let next_due = plan(&mut conn, next_due).await;
+    let generic = generic_plan(&mut conn, NEXT_DUE, "text, int8", "'t', 3600000000").await;
+    for plan in [next_due, generic] {
+        assert!(
+            !plan.contains(" on events") && plan.contains("using queue_scheduled on queue"),
+            "{plan}"
+        );
+    }
+    let promote = plan(&mut conn, explain(PROMOTE).bind("t")).await;
+    assert!(
+        promote.contains("using queue_scheduled on queue") && !promote.contains(" on events"),
+        "{promote}"
+    );
     let rescue = plan(&mut conn, explain(RESCUE)).await;
     assert!(
         rescue.contains("queue_running") && events_only_through(&rescue, "events_pkey"),

@@ -19,24 +19,28 @@ const INSERT: &str = "
 WITH inserted AS (
     INSERT INTO mailroom.events (id, source, topic, dedup_key, key, type, status, attempts,
         max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
-        content_type, payload, traceparent)
+        content_type, payload, traceparent, priority)
     SELECT t.id::uuid, t.source, t.topic, t.dedup_key, t.key, t.type, 'pending', 0,
         t.max_attempts,
         COALESCE(timestamptz 'epoch' + t.due_at * interval '1 microsecond',
                  now() + COALESCE(t.due_in, 0) * interval '1 microsecond'),
-        now(), t.correlation_id, t.causation_id, t.content_type, t.payload, t.traceparent
+        now(), t.correlation_id, t.causation_id, t.content_type, t.payload, t.traceparent,
+        t.priority
     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::text[], $8::text[], $9::text[], $10::bytea[], $11::int8[], $12::int8[],
-                $13::int8[], $14::text[])
+                $13::int8[], $14::text[], $15::int4[])
          WITH ORDINALITY AS t(id, source, topic, dedup_key, key, type, correlation_id,
                               causation_id, content_type, payload, max_attempts, due_at,
-                              due_in, traceparent, ord)
+                              due_in, traceparent, priority, ord)
     ORDER BY t.ord
     ON CONFLICT (source, dedup_key) DO NOTHING
-    RETURNING seq, id::text, topic, key, next_attempt_at
+    RETURNING seq, id::text, topic, key, next_attempt_at, priority
 ), queued AS (
-    INSERT INTO mailroom.queue (seq, topic, key, run_at, state)
-    SELECT seq, topic, key, next_attempt_at, 'pending' FROM inserted
+    -- Due later: `scheduled`, out of the claims' way until due (migration 11).
+    INSERT INTO mailroom.queue (seq, topic, key, priority, run_at, ready_at, state)
+    SELECT seq, topic, key, priority, next_attempt_at, next_attempt_at,
+           CASE WHEN next_attempt_at > now() THEN 'scheduled' ELSE 'pending' END
+    FROM inserted
 )
 SELECT id, topic FROM inserted";
 
@@ -112,6 +116,7 @@ async fn insert_rows(
         .bind(due_at)
         .bind(due_in)
         .bind(text(|e| e.traceparent.as_deref()))
+        .bind(events.iter().map(|e| e.priority).collect::<Vec<i32>>())
         .fetch_all(&mut **tx)
         .await
         .map_err(db("inserting events"))

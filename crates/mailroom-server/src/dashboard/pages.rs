@@ -411,6 +411,7 @@ fn envelope(e: &Event) -> Vec<(&'static str, String)> {
         ("dedup key", e.dedup_key.clone()),
         ("key", opt(&e.key)),
         ("type", opt(&e.event_type)),
+        ("priority", e.priority.to_string()),
         ("status", e.status.as_str().to_owned()),
         ("attempts", format!("{} of {}", e.attempts, e.max_attempts)),
         (

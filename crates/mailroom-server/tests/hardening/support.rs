@@ -108,6 +108,9 @@ impl Store for Wrapped {
     ) -> StoreResult<jiff::Timestamp> {
         self.inner.extend(id, t, lease).await
     }
+    async fn expire(&self, topic: &str, after: Duration, limit: u32) -> StoreResult<u64> {
+        self.inner.expire(topic, after, limit).await
+    }
     async fn rescue_expired(&self) -> StoreResult<u64> {
         self.inner.rescue_expired().await
     }

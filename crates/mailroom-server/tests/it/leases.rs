@@ -30,6 +30,7 @@ async fn expired_lease_is_rescued_and_the_stale_token_refused() {
             payload: r#"{"job":1}"#.into(),
             max_attempts: 5,
             delivery: mailroom::Delivery::Now,
+            priority: 0,
         })
         .await
         .expect("insert");
@@ -42,6 +43,8 @@ async fn expired_lease_is_rescued_and_the_stale_token_refused() {
             max: 1,
             lease: Duration::from_millis(200),
             per_key: None,
+            max_wait_for_priority: None,
+            expire_after: None,
         })
         .await
         .expect("claim");

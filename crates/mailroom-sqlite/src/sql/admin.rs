@@ -25,7 +25,7 @@ pub(crate) fn replay(conn: &Connection, id: EventId, budget: u32, now: i64) -> R
     conn.prepare_cached(
         "UPDATE events
          SET status = 'pending', max_attempts = MIN(attempts + ?1, 4294967295), next_attempt_at = ?2,
-             lease_until = NULL
+             lease_until = NULL, held_until = NULL, ready_at = ?2
          WHERE seq = ?3",
     )
     .map_err(db(CTX))?
@@ -58,7 +58,7 @@ pub(crate) fn replay_matching(
     let sql = format!(
         "UPDATE events
          SET status = 'pending', max_attempts = MIN(attempts + ?{}, 4294967295), next_attempt_at = ?{n},
-             lease_until = NULL
+             lease_until = NULL, held_until = NULL, ready_at = ?{n}
          WHERE status <> 'running' AND payload IS NOT NULL{cond}",
         n - 1
     );
@@ -112,7 +112,7 @@ pub(crate) fn cancel(conn: &Connection, id: EventId) -> Result<Event> {
         }
     }
     conn.prepare_cached(
-        "UPDATE events SET status = 'cancelled', next_attempt_at = NULL
+        "UPDATE events SET status = 'cancelled', next_attempt_at = NULL, held_until = NULL
          WHERE seq = ?1 AND status = 'pending'",
     )
     .map_err(db(CTX))?
@@ -132,7 +132,7 @@ pub(crate) fn cancel_matching(conn: &Connection, filter: &ListFilter) -> Result<
     let refs: Vec<&dyn ToSql> = params.iter().map(|p| p.as_ref()).collect();
     let cancelled = conn
         .prepare_cached(&format!(
-            "UPDATE events SET status = 'cancelled', next_attempt_at = NULL
+            "UPDATE events SET status = 'cancelled', next_attempt_at = NULL, held_until = NULL
              WHERE status = 'pending'{cond}"
         ))
         .map_err(db(CTX))?

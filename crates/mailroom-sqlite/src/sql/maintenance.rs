@@ -2,8 +2,9 @@
 //! and applying retention in bounded steps.
 
 use super::{before, db};
-use mailroom_core::{PurgeReport, Result, Retention};
+use mailroom_core::{PurgeReport, Result, Retention, expiry_reason};
 use rusqlite::{Connection, OptionalExtension};
+use std::time::Duration;
 
 /// Rows (by `seq`) one purge step walks, so a purge never holds the writer long.
 const PURGE_CHUNK: i64 = 2000;
@@ -32,6 +33,35 @@ pub(crate) fn rescue_expired(conn: &Connection, now: i64) -> Result<u64> {
         .execute([now])
         .map_err(db(CTX))?;
     Ok(rescued as u64)
+}
+
+/// Moves up to `limit` pending events of `topic` (not held) whose expiry
+/// clock started `expire_after` or longer before `now` to `expired`.
+pub(crate) fn expire(
+    conn: &Connection,
+    topic: &str,
+    expire_after: Duration,
+    limit: u32,
+    now: i64,
+) -> Result<u64> {
+    const CTX: &str = "expiring events";
+    let expired = conn
+        .prepare_cached(
+            "UPDATE events SET status = 'expired', next_attempt_at = NULL, last_error = ?4
+             WHERE seq IN (SELECT e.seq FROM events e INDEXED BY events_pending
+                           WHERE e.topic = ?1 AND e.status = 'pending' AND e.held_until IS NULL
+                             AND COALESCE(e.ready_at, e.received_at) <= ?2
+                           ORDER BY e.seq LIMIT ?3)",
+        )
+        .map_err(db(CTX))?
+        .execute((
+            topic,
+            before(now, expire_after),
+            limit,
+            expiry_reason(expire_after),
+        ))
+        .map_err(db(CTX))?;
+    Ok(expired as u64)
 }
 
 /// One bounded step of a purge over the rows with `from < seq <= from +

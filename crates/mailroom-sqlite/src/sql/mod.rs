@@ -21,7 +21,7 @@ macro_rules! event_cols {
     () => {
         "seq, id, source, topic, dedup_key, key, type, status, attempts, max_attempts, \
          next_attempt_at, received_at, correlation_id, causation_id, content_type, payload, \
-         last_error, lease_until, traceparent"
+         last_error, lease_until, traceparent, priority"
     };
 }
 
@@ -35,7 +35,7 @@ mod stats;
 pub(crate) use admin::{cancel, cancel_matching, replay, replay_matching, skip};
 pub(crate) use claims::{claim, next_due};
 pub(crate) use completions::{complete, complete_many, extend};
-pub(crate) use maintenance::{purge_step, rescue_expired};
+pub(crate) use maintenance::{expire, purge_step, rescue_expired};
 pub(crate) use rows::{count, get, insert, list, search};
 pub(crate) use stats::{attempt_window, stats, throughput};
 
@@ -113,6 +113,7 @@ pub(super) fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
         last_error: col(row, 16)?,
         lease_until: opt_ts(col(row, 17)?)?,
         traceparent: col(row, 18)?,
+        priority: col(row, 19)?,
         history: Vec::new(),
     };
     Ok((col(row, 0)?, event))

@@ -13,7 +13,9 @@ const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
 
 /// Stores `e` as pending, due as its [`Delivery`] says, unless its (source,
-/// dedup key) is already stored: then answers with the stored id.
+/// dedup key) is already stored: then answers with the stored id. An event
+/// due later is held (`held_until`, schema migration 6) until a claim finds
+/// it due.
 pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Inserted> {
     const CTX: &str = "inserting an event";
     let id = e.id.to_string();
@@ -21,8 +23,9 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
         .prepare_cached(
             "INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts,
                  max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
-                 content_type, payload, traceparent)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?13, ?8, ?9, ?10, ?11, ?12, ?14)
+                 content_type, payload, traceparent, priority, held_until, ready_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?13, ?8, ?9, ?10, ?11, ?12, ?14,
+                     ?15, CASE WHEN ?13 > ?8 THEN ?13 END, ?13)
              ON CONFLICT (source, dedup_key) DO NOTHING",
         )
         .map_err(db(CTX))?
@@ -41,6 +44,7 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
             &e.payload[..],
             due(e.delivery, now),
             &e.traceparent,
+            e.priority,
         ))
         .map_err(db(CTX))?;
     if inserted == 1 {

@@ -16,10 +16,12 @@ const CTX: &str = "computing stats";
 pub(crate) fn stats(conn: &Connection) -> Result<Vec<TopicStats>> {
     let mut by_topic = counts(conn)?;
     for stats in by_topic.values_mut() {
-        // Arrival order: the first pending row is the oldest (replays keep their place).
+        // Arrival order: the first pending row is the oldest (replays keep
+        // their place). Events delivered later and not yet due do not wait.
         let oldest: Option<i64> = conn
             .prepare_cached(
-                "SELECT received_at FROM events WHERE topic = ?1 AND status = 'pending'
+                "SELECT received_at FROM events INDEXED BY events_pending
+                 WHERE topic = ?1 AND status = 'pending' AND held_until IS NULL
                  ORDER BY seq LIMIT 1",
             )
             .map_err(db(CTX))?
@@ -129,7 +131,8 @@ fn blocked_keys(conn: &Connection, topic: &str) -> Result<u64> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT seq, key FROM events INDEXED BY events_pending
-             WHERE topic = ?1 AND status = 'pending' AND seq < ?2 ORDER BY seq",
+             WHERE topic = ?1 AND status = 'pending' AND held_until IS NULL AND seq < ?2
+             ORDER BY seq",
         )
         .map_err(db(CTX))?;
     let mut rows = stmt.query((topic, last)).map_err(db(CTX))?;

@@ -40,12 +40,10 @@ impl BatchLoop {
     /// A claim of up to `max` events. The lease covers the time a partial
     /// batch is held plus the attempt.
     fn request(&self, max: u32) -> ClaimRequest {
+        let spec = &self.topic.spec;
         ClaimRequest {
-            topic: self.topic.spec.name.clone(),
-            worker: self.worker.clone(),
-            max,
-            lease: self.topic.spec.lease + self.settings.max_wait,
             per_key: None,
+            ..spec.claim_request(&self.worker, max, spec.lease + self.settings.max_wait)
         }
     }
 }

@@ -63,13 +63,7 @@ impl TopicRuntime {
 
 impl TopicRuntime {
     fn claim_request(&self, worker: &str, max: u32) -> ClaimRequest {
-        ClaimRequest {
-            topic: self.spec.name.clone(),
-            worker: worker.to_string(),
-            max,
-            lease: self.spec.lease,
-            per_key: self.spec.mode.per_key(),
-        }
+        self.spec.claim_request(worker, max, self.spec.lease)
     }
 }
 

@@ -52,6 +52,7 @@ pub struct Draft {
     traceparent: Option<String>,
     source: String,
     delivery: mailroom_core::Delivery,
+    priority: i32,
 }
 
 impl Draft {
@@ -69,6 +70,7 @@ impl Draft {
             traceparent: None,
             source: "api".into(),
             delivery: mailroom_core::Delivery::Now,
+            priority: 0,
         }
     }
 
@@ -137,6 +139,13 @@ impl Draft {
         self
     }
 
+    /// Claim order within the topic: higher runs first (SPEC §13; default
+    /// 0). In a sequential topic per-key order wins over it.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Source name recorded on the event (default `api`).
     pub fn source(mut self, s: impl Into<String>) -> Self {
         self.source = s.into();
@@ -167,6 +176,7 @@ impl Engine {
             payload: draft.payload,
             max_attempts: topic.retry.max_attempts,
             delivery: draft.delivery,
+            priority: draft.priority,
         };
         admit(topic, event)
     }

@@ -9,9 +9,7 @@ use crate::dispatch::attempt::resolve;
 use crate::dispatch::limits::Gated;
 use crate::dispatch::telemetry::record_outcome;
 use crate::topology::TopicSpec;
-use mailroom_core::{
-    ClaimRequest, Claimed, Completion, EventId, FencingToken, Outcome, StoreError, Timestamp,
-};
+use mailroom_core::{Claimed, Completion, EventId, FencingToken, Outcome, StoreError, Timestamp};
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -42,13 +40,7 @@ impl Engine {
             return Err(ClaimError::NotPullTopic(topic.to_string()));
         }
         let spec = self.spec_or_default(topic);
-        let req = ClaimRequest {
-            topic: topic.to_string(),
-            worker: worker.to_string(),
-            max,
-            lease: lease.unwrap_or(spec.lease),
-            per_key: spec.mode.per_key(),
-        };
+        let req = spec.claim_request(worker, max, lease.unwrap_or(spec.lease));
         // Declared topics' claims meet their limits (rate, max_running,
         // a pause); a limit that allows nothing now answers an empty claim.
         let Some(rt) = self.inner.topics.get(topic) else {

@@ -90,6 +90,18 @@ pub fn build_event(
         },
         None => Delivery::Now,
     };
+    let priority = match &source.priority {
+        Some(field) => match read(field, headers, &mut json, "priority")? {
+            Some(text) => text.trim().parse::<i32>().map_err(|_| {
+                IntakeError::BadRequest(format!(
+                    "priority ({}): {text:?} is not an integer",
+                    describe(field)
+                ))
+            })?,
+            None => 0,
+        },
+        None => 0,
+    };
     // Optional headers too long to keep are dropped, not refused: the
     // sender did not choose to send them for mailroom.
     let header = |name: &str| {
@@ -116,6 +128,7 @@ pub fn build_event(
         payload: body,
         max_attempts: topic.retry.max_attempts,
         delivery,
+        priority,
     })
 }
 

@@ -1,14 +1,15 @@
 //! Maintenance: the periodic work one elected instance does for everyone
-//! sharing a store (lease rescue, retention, alerts), as one service that
+//! sharing a store (lease rescue, expiry, retention, alerts), as one service that
 //! runs until shutdown.
 //!
 //! The tasks share one election: each period the service renews (or tries
 //! to take) the `maintenance` lease, and only its holder runs them. Lease
-//! rescue runs every period; retention and alerts on their own, longer
+//! rescue and expiry run every period; retention and alerts on their own, longer
 //! schedules. A task is a small struct that knows its schedule and does
 //! one round when asked.
 
 mod alerts;
+mod expiry;
 mod notify;
 mod rescue;
 mod retention;
@@ -19,6 +20,7 @@ pub use notify::AlertNotify;
 use crate::dispatch::TopicRuntime;
 use crate::dispatch::idle::sleep;
 use alerts::AlertReporter;
+use expiry::ExpirySweep;
 use mailroom_core::{AlertRules, Retention, Store};
 use rescue::LeaseRescue;
 use retention::RetentionRun;
@@ -60,6 +62,7 @@ impl Maintenance {
             worker,
         } = self;
         let notifier = notify.map(|n| notify::Notifier::start(n, shutdown.clone()));
+        let expiry = ExpirySweep::new(store.clone(), topics.clone());
         let rescue = LeaseRescue::new(store.clone(), topics);
         let mut retention = RetentionRun::new(store.clone(), retention);
         let mut alerts = AlertReporter::new(store.clone(), alerts, alert_every, notifier);
@@ -69,6 +72,7 @@ impl Maintenance {
                 match store.try_lead(ROLE, &worker, ttl).await {
                     Ok(true) => {
                         rescue.run_once().await;
+                        expiry.run_once().await;
                         retention.run_if_due().await;
                         alerts.run_if_due().await;
                     }
