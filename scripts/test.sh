@@ -18,8 +18,9 @@
 #          browser test)
 # 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
-#    then, with --faults, the quick fault matrix on both stores
-#    (`mailroom-bench faults --quick`, debug build; crates/mailroom-bench/README.md);
+#    then the quick fault matrix on both stores (`mailroom-bench faults
+#    --quick`, debug build, a few minutes; crates/mailroom-bench/README.md)
+#    unless --no-faults or a -p/--package scope is given;
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
 #    exits non-zero if either test step failed.
 #
@@ -36,9 +37,7 @@
 #                     run it in one terminal, paste the exports in another,
 #                     and use cargo nextest / cargo test directly.
 #   --no-doc          skip the doctest step.
-#   --faults          also run the quick fault matrix (not yet in CI: its
-#                     kill9 scenario reported false order/rerun failures in
-#                     1 run of 3; see crates/mailroom-bench/README.md).
+#   --no-faults       skip the quick fault matrix (it runs by default, in CI too).
 #   -h, --help        this text.
 # For detached services see scripts/services.sh (up | env | down | status).
 #
@@ -56,13 +55,14 @@ source "$REPO_ROOT/scripts/lib/services.sh"
 
 services_only=false
 run_doc=true
-run_faults=false
+run_faults=true
 cargo_args=()
 while (($#)); do
   case "$1" in
     --services-only) services_only=true ;;
     --no-doc) run_doc=false ;;
-    --faults) run_faults=true ;;
+    --no-faults) run_faults=false ;;
+    --faults) run_faults=true ;;   # the default; kept for old command lines
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) cargo_args+=("$1") ;;
   esac

@@ -14,6 +14,10 @@ pub struct Row {
     pub key: Option<String>,
     pub status: String,
     pub attempts: i64,
+    /// Attempts mailroom recorded as cut by its timeout: a success the
+    /// handler side saw in such an attempt came too late to count, so the
+    /// event was rightly run again.
+    pub timed_out: Vec<i64>,
 }
 
 /// What the scenario promises about its events.
@@ -63,8 +67,12 @@ pub fn check(record: &Record, rows: &[Row], expect: &Expect) -> Verdict {
     let calls = calls_by_event(record);
     check_acks(record, rows, &mut v);
     check_end_states(record, rows, expect, &calls, &mut v);
+    let none = Vec::new();
+    let timed_out: HashMap<&str, &Vec<i64>> =
+        rows.iter().map(|r| (r.id.as_str(), &r.timed_out)).collect();
     for (id, calls) in &calls {
-        check_runs(id, calls, &record.disruptions, &mut v);
+        let cut = timed_out.get(id.as_str()).copied().unwrap_or(&none);
+        check_runs(id, calls, cut, &record.disruptions, &mut v);
     }
     check_order(record, rows, expect, &calls, &mut v);
     v.fenced = record
@@ -182,11 +190,19 @@ fn check_end_states(
     }
 }
 
-/// One event's runs: never two at once, never again after a success
-/// unless a disruption could have lost that success's commit: one after
-/// the successful call started (a kill while it ran also loses it, even
-/// when the receiver's answer went into a dead socket's buffer).
-fn check_runs(id: &str, calls: &[Call], disruptions: &[(Duration, Duration)], v: &mut Verdict) {
+/// One event's runs: never two at once (a run lasts until its answer
+/// began: the caller cannot act on it sooner), never again after a
+/// success unless a disruption could have lost that success's commit: one
+/// that ended after the successful call started (a kill while it ran also
+/// loses it, even when the receiver's answer went into a dead socket's
+/// buffer; a kill lasts until the process is reaped).
+fn check_runs(
+    id: &str,
+    calls: &[Call],
+    timed_out: &[i64],
+    disruptions: &[(Duration, Duration)],
+    v: &mut Verdict,
+) {
     let mut running_until = Duration::ZERO;
     // Start of the first successful call.
     let mut succeeded_at: Option<Duration> = None;
@@ -206,16 +222,46 @@ fn check_runs(id: &str, calls: &[Call], disruptions: &[(Duration, Duration)], v:
             } else {
                 v.duplicates += 1;
                 v.note(format!(
-                    "{id}: attempt {} ran after a completed run",
-                    c.attempt
+                    "{id}: attempt {} ran after a completed run; calls {}; disruptions {}",
+                    c.attempt,
+                    describe(calls),
+                    spans(disruptions)
                 ));
             }
         }
-        running_until = running_until.max(c.end);
-        if c.outcome == Outcome::Succeeded && succeeded_at.is_none() {
+        running_until = running_until.max(c.answered);
+        let cut = timed_out.contains(&i64::from(c.attempt));
+        if c.outcome == Outcome::Succeeded && !cut && succeeded_at.is_none() {
             succeeded_at = Some(c.start);
         }
     }
+}
+
+/// A few calls in words: `a1 10.001-10.004s ok`.
+fn describe(calls: &[Call]) -> String {
+    let words: Vec<String> = calls
+        .iter()
+        .take(6)
+        .map(|c| {
+            format!(
+                "a{} {:.3}-{:.3}s {:?}",
+                c.attempt,
+                c.start.as_secs_f64(),
+                c.end.as_secs_f64(),
+                c.outcome
+            )
+        })
+        .collect();
+    format!("[{}]", words.join(", "))
+}
+
+/// Disruption spans in words: `[10.001-10.020s, ...]`.
+fn spans(disruptions: &[(Duration, Duration)]) -> String {
+    let words: Vec<String> = disruptions
+        .iter()
+        .map(|(f, t)| format!("{:.3}-{:.3}s", f.as_secs_f64(), t.as_secs_f64()))
+        .collect();
+    format!("[{}]", words.join(", "))
 }
 
 /// Per sequential key, the acked events in arrival (send) order.
@@ -245,7 +291,8 @@ fn arrival_by_key(
 }
 
 /// For each sequential key, no call of event N+1 starts before event N's
-/// first successful call ended.
+/// first successful call began to answer (the receiver may record the
+/// end of its write after the caller already acted on it).
 fn check_order(
     record: &Record,
     rows: &[Row],
@@ -262,14 +309,17 @@ fn check_order(
                 .unwrap_or(&none)
                 .iter()
                 .filter(|c| c.outcome == Outcome::Succeeded)
-                .map(|c| c.end)
+                .map(|c| c.answered)
                 .min();
             for c in calls.get(pair[1]).unwrap_or(&none) {
                 if done.is_none_or(|d| c.start < d) {
                     v.order += 1;
                     v.note(format!(
-                        "{key}: {} started before {} was done",
-                        pair[1], pair[0]
+                        "{key}: {} started before {} was done; calls {} then {}",
+                        pair[1],
+                        pair[0],
+                        describe(calls.get(pair[0]).unwrap_or(&none)),
+                        describe(calls.get(pair[1]).unwrap_or(&none)),
                     ));
                 }
             }
@@ -311,6 +361,7 @@ mod tests {
             key: Some(key.into()),
             status: status.into(),
             attempts: 1,
+            timed_out: Vec::new(),
         }
     }
 
@@ -319,6 +370,7 @@ mod tests {
             event_id: format!("e{n}"),
             attempt,
             start: ms(start),
+            answered: ms(end),
             end: ms(end),
             outcome,
         }
@@ -425,6 +477,50 @@ mod tests {
         let v = check(&record, &rows, &expect);
         assert_eq!(v.order, 1, "{v:?}");
         assert!(!v.passed());
+    }
+
+    /// The key's next event may start once its predecessor's answer began
+    /// to be written, even when the receiver recorded the write's end
+    /// later (its task descheduled in between); not before.
+    #[test]
+    fn order_is_judged_from_when_the_answer_began() {
+        let (mut record, rows, expect) = clean();
+        record.calls[0].answered = ms(18);
+        record.calls[0].end = ms(27);
+        record.calls[1] = call(2, 1, 25, 30, Outcome::Succeeded);
+        assert!(check(&record, &rows, &expect).passed());
+        record.calls[1] = call(2, 1, 17, 30, Outcome::Succeeded);
+        assert_eq!(check(&record, &rows, &expect).order, 1);
+    }
+
+    /// A kill lasts until the process is reaped: a success it answered
+    /// after the signal but before its death may be lost and rerun; a
+    /// success that began after the reap may not.
+    #[test]
+    fn a_kill_spans_until_the_process_is_reaped() {
+        let (mut record, rows, expect) = clean();
+        record.calls[1] = call(2, 1, 25, 28, Outcome::Succeeded);
+        record
+            .calls
+            .push(call(2, 2, 3000, 3003, Outcome::Succeeded));
+        record.disruptions = vec![(ms(22), ms(30))];
+        assert!(check(&record, &rows, &expect).passed());
+        record.disruptions = vec![(ms(22), ms(24))];
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+    }
+
+    /// A success the handler side saw in an attempt that mailroom's
+    /// timeout had cut (recorded `retry`, "timed out") is no completed run:
+    /// the next attempt is right. Any other attempt's success still is.
+    #[test]
+    fn a_success_cut_by_the_timeout_may_run_again() {
+        let (mut record, mut rows, expect) = clean();
+        record.calls.push(call(2, 2, 40, 45, Outcome::Succeeded));
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+        rows[1].timed_out = vec![1];
+        assert!(check(&record, &rows, &expect).passed());
+        rows[1].timed_out = vec![2];
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
     }
 
     /// Two different ids answered for one dedup key: a duplicate event.

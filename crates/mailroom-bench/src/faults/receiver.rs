@@ -50,51 +50,66 @@ async fn connection(mut stream: TcpStream, rec: Recorder, delay: Duration) {
     let mut buf = Vec::new();
     while let Some(req) = read_request(&mut stream, &mut buf).await {
         let start = rec.now();
-        let outcome = respond(&mut stream, &req, delay).await;
+        let (outcome, answered) = respond(&mut stream, &req, delay, &rec).await;
+        let end = rec.now();
+        // Keep the connection only after a whole answer.
+        let keep = answered.is_some() && outcome != Outcome::Cut;
         let call = Call {
             event_id: req.event_id,
             attempt: req.attempt,
             start,
-            end: rec.now(),
+            answered: answered.unwrap_or(end),
+            end,
             outcome,
         };
         rec.lock().calls.push(call);
-        if outcome != Outcome::Succeeded && req.fail.as_deref() != Some("500") {
+        if !keep {
             return;
         }
     }
 }
 
-/// Answers (or misbehaves); how the call ended.
-async fn respond(stream: &mut TcpStream, req: &Request, delay: Duration) -> Outcome {
+/// Answers (or misbehaves); how the call ended, and when the answer began
+/// to be written (`None` when none was).
+async fn respond(
+    stream: &mut TcpStream,
+    req: &Request,
+    delay: Duration,
+    rec: &Recorder,
+) -> (Outcome, Option<Duration>) {
     let (status, text) = match req.fail.as_deref() {
-        Some("500") => ("500 Internal Server Error", "poisoned: http 500"),
+        // `exit` and `signal`: the command handler in front crashes on it.
+        Some("500" | "exit" | "signal") => ("500 Internal Server Error", "poisoned: http 500"),
         Some("reset") => {
             // Linger 0: the close sends RST at once. tokio deprecates
             // set_linger because a non-zero linger blocks the thread on
             // drop; zero never waits.
             #[allow(deprecated)]
             let _ = stream.set_linger(Some(Duration::ZERO));
-            return Outcome::Failed;
+            return (Outcome::Failed, None);
         }
         Some("hang") => {
             hung_up(stream, Duration::from_secs(3600)).await;
-            return Outcome::Cut;
+            return (Outcome::Cut, None);
         }
         _ => ("200 OK", "ok"),
     };
     if !delay.is_zero() && hung_up(stream, delay).await {
-        return Outcome::Cut;
+        return (Outcome::Cut, None);
     }
     let answer = format!(
         "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{text}",
         text.len()
     );
-    match stream.write_all(answer.as_bytes()).await {
+    // Taken before the write: once the first byte is out the caller may
+    // act on the verdict while this task is still descheduled.
+    let answered = rec.now();
+    let outcome = match stream.write_all(answer.as_bytes()).await {
         Ok(()) if status.starts_with('2') => Outcome::Succeeded,
         Ok(()) => Outcome::Failed,
         Err(_) => Outcome::Cut,
-    }
+    };
+    (outcome, Some(answered))
 }
 
 /// Waits `limit`; true if the caller hung up first.

@@ -46,7 +46,12 @@ pub struct Call {
     pub attempt: u32,
     /// When the call arrived.
     pub start: Duration,
-    /// When the answer was produced, or the call was cut.
+    /// When the handler began to answer (the first byte written, the ack
+    /// sent), or `end` when it never did: the caller cannot know the
+    /// verdict before this instant, so nothing it does on the verdict
+    /// (the key's next event) can start before it.
+    pub answered: Duration,
+    /// When the answer was written, or the call was cut.
     pub end: Duration,
     /// How it ended.
     pub outcome: Outcome,
@@ -93,12 +98,6 @@ impl Recorder {
     pub fn lock(&self) -> MutexGuard<'_, Record> {
         // A panic while holding the lock would only have pushed a record.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Notes a disruption now.
-    pub fn disrupted(&self) {
-        let at = self.now();
-        self.lock().disruptions.push((at, at));
     }
 
     /// Notes a disruption that lasted from `from` to `to`.

@@ -4,9 +4,10 @@
 use super::check::Row;
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Every event row.
+/// Every event row, with the attempts mailroom cut at its timeout.
 pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         let path = path.to_owned();
@@ -21,8 +22,15 @@ pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
     .fetch_all(&mut c)
     .await
     .context("reading mailroom.events")?;
+    let cut: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT e.id::text, a.attempt::bigint FROM mailroom.attempts a \
+         JOIN mailroom.events e ON e.seq = a.event_seq WHERE {TIMED_OUT}"
+    )))
+    .fetch_all(&mut c)
+    .await
+    .context("reading mailroom.attempts")?;
     let _ = c.close().await;
-    Ok(rows
+    let rows = rows
         .into_iter()
         .map(|(id, dedup_key, topic, key, status, attempts)| Row {
             id,
@@ -31,8 +39,25 @@ pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
             key,
             status,
             attempts,
+            timed_out: Vec::new(),
         })
-        .collect())
+        .collect();
+    Ok(with_timeouts(rows, cut))
+}
+
+/// The attempts whose outcome mailroom recorded as a retry because its
+/// timeout cut the handler (whatever the handler side saw).
+const TIMED_OUT: &str = "a.outcome = 'retry' AND a.error LIKE 'timed out after %'";
+
+fn with_timeouts(mut rows: Vec<Row>, cut: Vec<(String, i64)>) -> Vec<Row> {
+    let mut by_id: HashMap<String, Vec<i64>> = HashMap::new();
+    for (id, attempt) in cut {
+        by_id.entry(id).or_default().push(attempt);
+    }
+    for r in &mut rows {
+        r.timed_out = by_id.remove(&r.id).unwrap_or_default();
+    }
+    rows
 }
 
 fn sqlite_rows(path: &str) -> anyhow::Result<Vec<Row>> {
@@ -50,10 +75,17 @@ fn sqlite_rows(path: &str) -> anyhow::Result<Vec<Row>> {
                 key: r.get(3)?,
                 status: r.get(4)?,
                 attempts: r.get(5)?,
+                timed_out: Vec::new(),
             })
         })?
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(rows)
+    let mut st = db.prepare(&format!(
+        "SELECT e.id, a.attempt FROM attempts a JOIN events e ON e.seq = a.event_seq WHERE {TIMED_OUT}"
+    ))?;
+    let cut = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(with_timeouts(rows, cut))
 }
 
 /// `PRAGMA integrity_check` of a SQLite store: `ok` or what it found.

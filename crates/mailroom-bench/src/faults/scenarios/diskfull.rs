@@ -9,7 +9,9 @@ use super::{World, recovery};
 use crate::backend::Backend;
 use crate::faults::Report;
 use crate::faults::check::Expect;
-use crate::faults::load::{Load, targets};
+use crate::faults::child::Serve;
+use crate::faults::load::{Load, Running, targets};
+use crate::faults::record::Record;
 use crate::faults::store;
 use anyhow::{Context, bail};
 use std::io::Write;
@@ -105,30 +107,9 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         pause: Duration::ZERO,
     };
     let running = load.start(&targets, &world.rec);
-    // Full once the headroom is used: the first 503.
-    let full_at = loop {
-        if let Some((_, at)) = world.rec.lock().refusals.iter().find(|(s, _)| *s == 503) {
-            break *at;
-        }
-        if world.rec.now() > Duration::from_secs(30) {
-            bail!(
-                "no 503 within 30 s: the load did not fill {} MiB",
-                HEADROOM >> 20
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let full_at = first_503(&world).await?;
     tokio::time::sleep(full_for).await;
-    std::fs::remove_file(&ballast).context("removing the ballast")?;
-    let freed_at = world.rec.now();
-    // Stop soon after intake resumes: the load writes megabytes a second
-    // and would fill the freed space again before the backlog drains.
-    let limit = freed_at + Duration::from_secs(30);
-    while world.rec.now() < limit && !world.rec.lock().acks.iter().any(|a| a.at > freed_at) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    running.stop().await;
+    let freed_at = free(&world, &ballast, running).await?;
     // Completions that failed on the full disk are run again after their
     // lease: the at-least-once allowance, from the first failed write
     // (100 ms before its log line arrived) until the space came back.
@@ -146,37 +127,11 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let integrity = store::sqlite_integrity(&world.fresh.url)?;
     let (record, verdict) = world.check(&Expect::default()).await?;
     let mut report = Report::new("diskfull", backend.name(), &record, verdict);
-    let refused = |lo: Duration, hi: Duration| {
-        record
-            .refusals
-            .iter()
-            .filter(|(s, at)| *s == 503 && *at >= lo && *at < hi)
-            .count()
+    let span = Full {
+        at: full_at,
+        freed: freed_at,
     };
-    let (full_503, other) = (
-        refused(full_at, freed_at),
-        record.refusals.iter().filter(|(s, _)| *s != 503).count(),
-    );
-    let acks_full = record
-        .acks
-        .iter()
-        .filter(|a| a.at > full_at + Duration::from_millis(500) && a.at < freed_at)
-        .count();
-    if full_503 == 0 {
-        report
-            .failures
-            .push("no 503 while the disk was full: the attack did not bite".into());
-    }
-    if other > 0 {
-        report
-            .failures
-            .push(format!("{other} answers other than 200/503"));
-    }
-    if integrity != "ok" {
-        report
-            .failures
-            .push(format!("integrity_check: {integrity}"));
-    }
+    report.failures.extend(judge(&record, &span, &integrity));
     if !exit.success() {
         report.failures.push(format!("exit after SIGTERM: {exit}"));
     }
@@ -186,29 +141,105 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
             .push("events still open 60 s after space was freed".into());
     }
     report.recovery = recovery(&record, &[freed_at]);
-    if report.recovery.is_none() {
-        report
-            .failures
-            .push("intake did not resume after space was freed".into());
-    }
-    report.notes.push(format!(
-        "tmpfs {FS_SIZE}, ballast {} MiB leaving {} MiB: full after {:.1}s; {full_503} answers 503 while full ({acks_full} acks then), integrity_check {integrity}",
-        filled >> 20,
-        HEADROOM >> 20,
-        full_at.as_secs_f64()
-    ));
+    report
+        .notes
+        .push(describe(&record, &span, filled, &integrity));
     if !report.passed() {
-        let rows = store::rows(&world.fresh.url).await?;
-        let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
-        for r in &rows {
-            *by.entry(r.status.as_str()).or_default() += 1;
-        }
-        report.notes.push(format!("statuses at the end: {by:?}"));
-        report
-            .notes
-            .extend(serve.problem_summary().into_iter().take(20));
+        report.notes.extend(post_mortem(&world, &serve).await?);
     }
     drop(mount);
     world.cleanup().await?;
     Ok(report)
+}
+
+/// When the disk was full: from the first 503 until the ballast was removed.
+struct Full {
+    at: Duration,
+    freed: Duration,
+}
+
+/// Waits (up to 30 s into the scenario) for the first 503: the disk is full.
+async fn first_503(world: &World) -> anyhow::Result<Duration> {
+    loop {
+        if let Some((_, at)) = world.rec.lock().refusals.iter().find(|(s, _)| *s == 503) {
+            return Ok(*at);
+        }
+        if world.rec.now() > Duration::from_secs(30) {
+            bail!(
+                "no 503 within 30 s: the load did not fill {} MiB",
+                HEADROOM >> 20
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Removes the ballast, waits for intake to resume (up to 30 s), then
+/// stops the load soon after: it writes megabytes a second and would fill
+/// the freed space again before the backlog drains. When space was freed.
+async fn free(world: &World, ballast: &Path, running: Running) -> anyhow::Result<Duration> {
+    std::fs::remove_file(ballast).context("removing the ballast")?;
+    let freed_at = world.rec.now();
+    let limit = freed_at + Duration::from_secs(30);
+    while world.rec.now() < limit && !world.rec.lock().acks.iter().any(|a| a.at > freed_at) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.stop().await;
+    Ok(freed_at)
+}
+
+/// 503s while full and only 200/503 answers, an intact file, intake back
+/// after space was freed.
+fn judge(record: &Record, full: &Full, integrity: &str) -> Vec<String> {
+    let mut failures = Vec::new();
+    if refused_while_full(record, full) == 0 {
+        failures.push("no 503 while the disk was full: the attack did not bite".into());
+    }
+    let other = record.refusals.iter().filter(|(s, _)| *s != 503).count();
+    if other > 0 {
+        failures.push(format!("{other} answers other than 200/503"));
+    }
+    if integrity != "ok" {
+        failures.push(format!("integrity_check: {integrity}"));
+    }
+    if recovery(record, &[full.freed]).is_none() {
+        failures.push("intake did not resume after space was freed".into());
+    }
+    failures
+}
+
+fn refused_while_full(record: &Record, full: &Full) -> usize {
+    record
+        .refusals
+        .iter()
+        .filter(|(s, at)| *s == 503 && *at >= full.at && *at < full.freed)
+        .count()
+}
+
+fn describe(record: &Record, full: &Full, filled: u64, integrity: &str) -> String {
+    let acks_full = record
+        .acks
+        .iter()
+        .filter(|a| a.at > full.at + Duration::from_millis(500) && a.at < full.freed)
+        .count();
+    format!(
+        "tmpfs {FS_SIZE}, ballast {} MiB leaving {} MiB: full after {:.1}s; {} answers 503 while full ({acks_full} acks then), integrity_check {integrity}",
+        filled >> 20,
+        HEADROOM >> 20,
+        full.at.as_secs_f64(),
+        refused_while_full(record, full)
+    )
+}
+
+/// The statuses at the end and mailroom's WARN/ERROR lines.
+async fn post_mortem(world: &World, serve: &Serve) -> anyhow::Result<Vec<String>> {
+    let rows = store::rows(&world.fresh.url).await?;
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in &rows {
+        *by.entry(r.status.as_str()).or_default() += 1;
+    }
+    let mut notes = vec![format!("statuses at the end: {by:?}")];
+    notes.extend(serve.problem_summary().into_iter().take(20));
+    Ok(notes)
 }

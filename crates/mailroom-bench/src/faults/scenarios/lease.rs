@@ -120,6 +120,7 @@ async fn run_claim(client: &reqwest::Client, base: &str, rec: &Recorder, e: &ser
         tokio::time::sleep(HANG).await;
     }
     let url = format!("{base}/v1/events/{id}/ack");
+    let answered = rec.now();
     let ack = json_call(client, &url, Some(&serde_json::json!({"token": token}))).await;
     let outcome = match ack.map(|(status, _)| status) {
         Ok(200) => Outcome::Succeeded,
@@ -130,6 +131,7 @@ async fn run_claim(client: &reqwest::Client, base: &str, rec: &Recorder, e: &ser
         event_id: id,
         attempt: u32::try_from(token).unwrap_or(0),
         start,
+        answered,
         end: rec.now(),
         outcome,
     };

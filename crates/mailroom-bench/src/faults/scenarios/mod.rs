@@ -6,6 +6,8 @@ mod diskfull;
 mod hostile;
 mod kill9;
 mod lease;
+mod panic;
+mod pgrestart;
 mod poison;
 mod rabbitmq;
 mod sigterm;
@@ -13,6 +15,7 @@ mod storm;
 
 use super::check::{self, Expect, Verdict};
 use super::child::{Serve, write_config};
+use super::load::{Load, Running};
 use super::receiver::Receiver;
 use super::record::{Record, Recorder};
 use super::{Report, store};
@@ -47,6 +50,11 @@ pub const ALL: &[Scenario] = &[
         run: |quick, b| Box::pin(cluster::run(quick, b)),
     },
     Scenario {
+        name: "pgrestart",
+        applies: pgrestart::applies,
+        run: |quick, b| Box::pin(pgrestart::run(quick, b)),
+    },
+    Scenario {
         name: "diskfull",
         applies: diskfull::applies,
         run: |quick, b| Box::pin(diskfull::run(quick, b)),
@@ -65,6 +73,11 @@ pub const ALL: &[Scenario] = &[
         name: "poison",
         applies: any_store,
         run: |quick, b| Box::pin(poison::run(quick, b)),
+    },
+    Scenario {
+        name: "panic",
+        applies: any_store,
+        run: |quick, b| Box::pin(panic::run(quick, b)),
     },
     Scenario {
         name: "storm",
@@ -116,6 +129,16 @@ impl World {
         Serve::start(&self.config, &self.fresh.url).await
     }
 
+    /// `kill -9` of `serve`, recorded as a disruption from just before the
+    /// signal until the process is reaped: until then it may still call
+    /// handlers whose success it will never commit. Returns when it began.
+    pub async fn kill9(&self, serve: &mut Serve) -> Duration {
+        let from = self.rec.now();
+        serve.kill9().await;
+        self.rec.disrupted_between(from, self.rec.now());
+        from
+    }
+
     /// Reads the store and checks the record against it.
     pub async fn check(&self, expect: &Expect) -> anyhow::Result<(Record, Verdict)> {
         let rows = store::rows(&self.fresh.url).await?;
@@ -164,6 +187,47 @@ retry = {{ max_attempts = 50, base = "100ms", max_delay = "1s" }}
 handler = {{ http = {{ url = "{receiver}" }} }}
 "#
     )
+}
+
+/// The loads of `two_topics`: 8 senders over 4 keys each into `seq`, 8
+/// into `single`, unbounded, without pause.
+pub fn two_loads() -> [Load; 2] {
+    let seq = Load {
+        source: "seq",
+        clients: 8,
+        keys_per_client: 4,
+        per_client: None,
+        poison: None,
+        pad: 200,
+        pause: Duration::ZERO,
+    };
+    let single = Load {
+        source: "single",
+        clients: 8,
+        keys_per_client: 1,
+        ..seq.clone()
+    };
+    [seq, single]
+}
+
+/// Stops the loads, waits (up to 60 s) until no event is open, and notes
+/// the drain in `notes`; a failure when it does not drain.
+pub async fn stop_and_drain(
+    loads: Vec<Running>,
+    url: &str,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Option<String>> {
+    for l in loads {
+        l.stop().await;
+    }
+    let drained = store::settle(url, store::all_final, Duration::from_secs(60)).await?;
+    Ok(match drained {
+        Some(d) => {
+            notes.push(format!("drained in {:.1}s after the load", d.as_secs_f64()));
+            None
+        }
+        None => Some("events still pending/running 60 s after the load".into()),
+    })
 }
 
 /// The sequential topics of `two_topics`.

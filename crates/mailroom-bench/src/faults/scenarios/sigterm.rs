@@ -4,9 +4,10 @@
 //! those answered while stopping — is stored; after a restart the rest is
 //! processed with no completed event run again (no disruption is excused).
 
-use super::{World, recovery, seq_expect, two_topics};
+use super::{World, recovery, seq_expect, stop_and_drain, two_loads, two_topics};
 use crate::backend::Backend;
 use crate::faults::Report;
+use crate::faults::child::Serve;
 use crate::faults::load::{Load, targets};
 use crate::faults::record::Outcome;
 use crate::faults::store;
@@ -28,30 +29,57 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let world = World::new(&backend, HANDLER, two_topics).await?;
     let mut serve = world.serve().await?;
     let targets = targets(vec![serve.base.clone()]);
-    let seq = Load {
-        source: "seq",
-        clients: 8,
-        keys_per_client: 4,
-        per_client: None,
-        poison: None,
-        pad: 200,
-        pause: PAUSE,
-    };
-    let single = Load {
-        source: "single",
-        clients: 8,
-        keys_per_client: 1,
-        ..seq.clone()
-    };
-    let loads = [
-        seq.start(&targets, &world.rec),
-        single.start(&targets, &world.rec),
-    ];
+    let loads = two_loads()
+        .into_iter()
+        .map(|l| Load { pause: PAUSE, ..l }.start(&targets, &world.rec))
+        .collect();
     tokio::time::sleep(load_for).await;
-    let term_at = world.rec.now();
+    let stopped = stop(&world, &mut serve).await?;
+    let restart_at = world.rec.now();
+    let mut serve = world.serve().await?;
+    *targets.write().unwrap_or_else(|e| e.into_inner()) = vec![serve.base.clone()];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut notes = Vec::new();
+    let stuck = stop_and_drain(loads, &world.fresh.url, &mut notes).await?;
+    serve.signal_term()?;
+    serve.wait_exit(Duration::from_secs(30)).await?;
+    let (record, verdict) = world.check(&seq_expect()).await?;
+    let mut report = Report::new("sigterm", backend.name(), &record, verdict);
+    report.failures.extend(stopped.failures);
+    report.failures.extend(stuck);
+    report.recovery = recovery(&record, &[restart_at]);
+    notes.insert(
+        0,
+        format!(
+            "{} attempts in flight at SIGTERM all finished; stopped in {:.2}s; handler {}ms",
+            stopped.in_flight,
+            (stopped.exited - stopped.at).as_secs_f64(),
+            HANDLER.as_millis()
+        ),
+    );
+    report.notes.push(notes.join("; "));
+    world.cleanup().await?;
+    Ok(report)
+}
+
+/// What the stop looked like.
+struct Stopped {
+    /// When SIGTERM was sent and when the process had exited.
+    at: Duration,
+    exited: Duration,
+    /// Attempts in flight at the signal.
+    in_flight: usize,
+    failures: Vec<String>,
+}
+
+/// SIGTERM, then the stop's checks: a clean exit, nothing left `running`,
+/// every attempt in flight at the signal finished (and there were some),
+/// no ack after the exit.
+async fn stop(world: &World, serve: &mut Serve) -> anyhow::Result<Stopped> {
+    let at = world.rec.now();
     serve.signal_term()?;
     let status = serve.wait_exit(Duration::from_secs(40)).await?;
-    let exited_at = world.rec.now();
+    let exited = world.rec.now();
     let mut failures = Vec::new();
     if !status.success() {
         failures.push(format!("exit after SIGTERM: {status}"));
@@ -66,11 +94,13 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     }
     // The receiver records a cut call when it sees the connection close.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let in_flight = in_flight_at(&world, term_at);
-    if in_flight.1 > 0 {
+    let (in_flight, cut) = in_flight_at(world, at);
+    if in_flight == 0 {
+        failures.push("no attempt was in flight at SIGTERM: the attack did not happen".into());
+    }
+    if cut > 0 {
         failures.push(format!(
-            "{} of {} attempts in flight at SIGTERM were cut",
-            in_flight.1, in_flight.0
+            "{cut} of {in_flight} attempts in flight at SIGTERM were cut"
         ));
     }
     let late = world
@@ -78,45 +108,17 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         .lock()
         .acks
         .iter()
-        .filter(|a| a.at > exited_at)
+        .filter(|a| a.at > exited)
         .count();
     if late > 0 {
         failures.push(format!("{late} acks after the process exited"));
     }
-    let restart_at = world.rec.now();
-    let serve = world.serve().await?;
-    *targets.write().unwrap_or_else(|e| e.into_inner()) = vec![serve.base.clone()];
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    for l in loads {
-        l.stop().await;
-    }
-    let drained =
-        store::settle(&world.fresh.url, store::all_final, Duration::from_secs(60)).await?;
-    let mut serve = serve;
-    serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
-    let (record, verdict) = world.check(&seq_expect()).await?;
-    let mut report = Report::new("sigterm", backend.name(), &record, verdict);
-    report.failures.extend(failures);
-    if in_flight.0 == 0 {
-        report
-            .failures
-            .push("no attempt was in flight at SIGTERM: the attack did not happen".into());
-    }
-    if drained.is_none() {
-        report
-            .failures
-            .push("events still open 60 s after the restart".into());
-    }
-    report.recovery = recovery(&record, &[restart_at]);
-    report.notes.push(format!(
-        "{} attempts in flight at SIGTERM all finished; stopped in {:.2}s; handler {}ms",
-        in_flight.0,
-        (exited_at - term_at).as_secs_f64(),
-        HANDLER.as_millis()
-    ));
-    world.cleanup().await?;
-    Ok(report)
+    Ok(Stopped {
+        at,
+        exited,
+        in_flight,
+        failures,
+    })
 }
 
 /// Calls in flight at `at`: (how many, how many of them were cut).
