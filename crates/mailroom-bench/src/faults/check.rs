@@ -349,6 +349,7 @@ mod tests {
             duplicate: false,
             key: Some(key.into()),
             seq: n,
+            sent_at: ms(n),
             at: ms(n),
         }
     }

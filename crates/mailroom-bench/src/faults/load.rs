@@ -144,6 +144,7 @@ impl Target<'_> {
                 t[(round + dedup_key.len()) % t.len().max(1)].clone()
             };
             self.rec.lock().sent += 1;
+            let sent_at = self.rec.now();
             let answer = self
                 .http
                 .post(format!("{base}/webhooks/{}", self.source))
@@ -158,7 +159,7 @@ impl Target<'_> {
             let status = answer.status().as_u16();
             let bytes = answer.bytes().await.unwrap_or_default();
             if status == 200 {
-                if let Some(ack) = parse_ack(dedup_key, &bytes, self.rec) {
+                if let Some(ack) = parse_ack(dedup_key, &bytes, sent_at, self.rec) {
                     return Some(ack);
                 }
             }
@@ -191,7 +192,7 @@ pub async fn json_call(
 }
 
 /// `{"id": "...", "duplicate": bool}`.
-fn parse_ack(dedup_key: &str, bytes: &[u8], rec: &Recorder) -> Option<Ack> {
+fn parse_ack(dedup_key: &str, bytes: &[u8], sent_at: Duration, rec: &Recorder) -> Option<Ack> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     Some(Ack {
         dedup_key: dedup_key.to_owned(),
@@ -199,6 +200,7 @@ fn parse_ack(dedup_key: &str, bytes: &[u8], rec: &Recorder) -> Option<Ack> {
         duplicate: v.get("duplicate")?.as_bool()?,
         key: None,
         seq: 0,
+        sent_at,
         at: rec.now(),
     })
 }

@@ -19,6 +19,8 @@ pub struct Ack {
     /// The sender's counter for that key: event `seq + 1` of a key is sent
     /// only after event `seq` was acknowledged, so this is arrival order.
     pub seq: u64,
+    /// When the request that got this answer was sent.
+    pub sent_at: Duration,
     /// When the answer arrived.
     pub at: Duration,
 }

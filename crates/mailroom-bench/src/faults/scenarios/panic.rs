@@ -102,6 +102,7 @@ async fn produce(engine: Engine, rec: Recorder, topic: &'static str, c: usize, p
             .key(key.clone());
         // A refusal here is a finding: the event goes unacked and the
         // checker never expects it; the row count below shows it.
+        let sent_at = rec.now();
         let Ok(inserted) = engine.enqueue(draft).await else {
             continue;
         };
@@ -114,6 +115,7 @@ async fn produce(engine: Engine, rec: Recorder, topic: &'static str, c: usize, p
             duplicate: inserted.duplicate,
             key: Some(key),
             seq: i / 3,
+            sent_at,
             at,
         });
     }

@@ -124,7 +124,9 @@ fn first_ack_after(record: &Record, t: Duration) -> Option<Duration> {
     record.acks.iter().map(|a| a.at).filter(|at| *at > t).min()
 }
 
-/// The outage's own checks: no ack while the database was down; 503s, and
+/// The outage's own checks: no ack for a request sent while the database
+/// was down (one sent before the stop may have committed and be answered
+/// late); 503s, and
 /// only 503s, from its stop until the first ack after it was back (a
 /// request waits up to the pool's acquire timeout, 5 s, while mailroom
 /// probes the database, so the 503s may come after `pg_ctl start`); acks
@@ -134,10 +136,12 @@ fn judge(record: &Record, o: &Outage, back: Option<Duration>) -> Vec<String> {
     let acked_down = record
         .acks
         .iter()
-        .filter(|a| a.at > o.down && a.at < o.start)
+        .filter(|a| a.sent_at > o.down && a.at < o.start)
         .count();
     if acked_down > 0 {
-        failures.push(format!("{acked_down} acks while PostgreSQL was down"));
+        failures.push(format!(
+            "{acked_down} acks to requests sent while PostgreSQL was down"
+        ));
     }
     let refused: Vec<u16> = refusals(record, o, back).map(|(s, _)| *s).collect();
     if !refused.contains(&503) {
@@ -170,10 +174,10 @@ fn describe(record: &Record, o: &Outage, held: Duration, back: Option<Duration>)
     let acks_down = record
         .acks
         .iter()
-        .filter(|a| a.at > o.down && a.at < o.start)
+        .filter(|a| a.sent_at > o.down && a.at < o.start)
         .count();
     format!(
-        "private PostgreSQL stopped (-m immediate) at {:.1}s, held down {:.0}s, up again {:.1}s later; {refused} answers 503 and {acks_down} acks while down; {} handler calls",
+        "private PostgreSQL stopped (-m immediate) at {:.1}s, held down {:.0}s, up again {:.1}s later; {refused} answers 503 and {acks_down} acks to requests sent while down; {} handler calls",
         o.stop.as_secs_f64(),
         held.as_secs_f64(),
         (o.up - o.start).as_secs_f64(),

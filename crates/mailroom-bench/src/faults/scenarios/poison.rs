@@ -52,9 +52,9 @@ fn config(receiver: &str) -> String {
         // A command starts a shell and curl per attempt: more time, so a
         // loaded machine does not time the healthy ones out.
         let limits = if name == "pcmd" {
-            "timeout = \"5s\"\nlease = \"6s\""
+            "timeout = \"5s\"\nlease = \"10s\""
         } else {
-            "timeout = \"1s\"\nlease = \"2s\""
+            "timeout = \"1s\"\nlease = \"5s\""
         };
         format!(
             r#"
