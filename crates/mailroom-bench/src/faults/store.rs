@@ -46,8 +46,10 @@ pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
 }
 
 /// The attempts whose outcome mailroom recorded as a retry because its
-/// timeout cut the handler (whatever the handler side saw).
-const TIMED_OUT: &str = "a.outcome = 'retry' AND a.error LIKE 'timed out after %'";
+/// timeout cut the handler (whatever the handler side saw): the attempt's
+/// own "timed out after 2s", or the HTTP client's timeout (set to the
+/// topic's) inside "request to ... failed: ...".
+const TIMED_OUT: &str = "a.outcome = 'retry' AND a.error LIKE '%timed out%'";
 
 fn with_timeouts(mut rows: Vec<Row>, cut: Vec<(String, i64)>) -> Vec<Row> {
     let mut by_id: HashMap<String, Vec<i64>> = HashMap::new();
