@@ -332,6 +332,7 @@ async fn signed_call(
             duplicate,
             key: None,
             seq: 0,
+            sent_at: at,
             at: rec.now(),
         });
     }

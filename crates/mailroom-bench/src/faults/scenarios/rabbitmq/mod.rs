@@ -224,6 +224,7 @@ async fn relay_load(
                 return sent;
             }
             sent += 1;
+            let sent_at = rec.now();
             let answer = http
                 .post(&url)
                 .header("idempotency-key", &key)
@@ -242,6 +243,7 @@ async fn relay_load(
                     duplicate: false,
                     key: None,
                     seq: 0,
+                    sent_at,
                     at: rec.now(),
                 });
                 break;
