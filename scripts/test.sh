@@ -18,9 +18,9 @@
 #          browser test)
 # 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
-#    then the quick fault matrix on both stores (`mailroom-bench faults
-#    --quick`, debug build, a few minutes; crates/mailroom-bench/README.md)
-#    unless --no-faults or a -p/--package scope is given;
+#    then, with --faults, the quick fault matrix on both stores
+#    (`mailroom-bench faults --quick`, debug build, a few minutes;
+#    crates/mailroom-bench/README.md); never with a -p/--package scope;
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
 #    exits non-zero if either test step failed.
 #
@@ -37,7 +37,12 @@
 #                     run it in one terminal, paste the exports in another,
 #                     and use cargo nextest / cargo test directly.
 #   --no-doc          skip the doctest step.
-#   --no-faults       skip the quick fault matrix (it runs by default, in CI too).
+#   --faults          also run the quick fault matrix. Not yet the default
+#                     (nor in CI): its own scenarios passed 4 runs of 5 under
+#                     load 17-24 (the fifth failed on a checker gap since
+#                     fixed), but the newer `rabbitmq` scenario hung once;
+#                     see crates/mailroom-bench/README.md.
+#   --no-faults       do not run it (the default).
 #   -h, --help        this text.
 # For detached services see scripts/services.sh (up | env | down | status).
 #
@@ -55,14 +60,14 @@ source "$REPO_ROOT/scripts/lib/services.sh"
 
 services_only=false
 run_doc=true
-run_faults=true
+run_faults=false
 cargo_args=()
 while (($#)); do
   case "$1" in
     --services-only) services_only=true ;;
     --no-doc) run_doc=false ;;
     --no-faults) run_faults=false ;;
-    --faults) run_faults=true ;;   # the default; kept for old command lines
+    --faults) run_faults=true ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) cargo_args+=("$1") ;;
   esac

@@ -155,10 +155,10 @@ impl World {
 
 /// Two sources over HTTP handlers: `seq` into a sequential topic keyed by
 /// `/k`, `single` into a single topic; fast retries, short leases. The
-/// lease outlasts the 2 s timeout by 4 s: with 1 s, a loaded machine (load
-/// 18 on 2 cores, a storm of 512 deliveries in flight) delayed completions
-/// past it, so events ran again and their late completions were refused
-/// (the documented at-least-once path, not the attack under test).
+/// lease outlasts the 2 s timeout by 4 s (it was 1 s) so that completions
+/// delayed on a loaded machine (load 18 on 2 cores, a storm of 512
+/// deliveries in flight) do not let it expire: a rerun then is the
+/// documented at-least-once path, not the attack under test.
 pub fn two_topics(receiver: &str) -> String {
     format!(
         r#"
