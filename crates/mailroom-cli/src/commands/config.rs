@@ -65,8 +65,15 @@ fn print_topics(topology: &Topology) {
     let mut topics: Vec<_> = topology.topics.iter().collect();
     topics.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     for (t, handler) in topics {
+        let mut limits = String::new();
+        if let Some(rate) = t.rate {
+            limits.push_str(&format!(", rate {rate}"));
+        }
+        if let Some(n) = t.max_running {
+            limits.push_str(&format!(", max_running {n}"));
+        }
         outln!(
-            "  topic   {} ({}, concurrency {}, {} attempts, timeout {}, handler: {})",
+            "  topic   {} ({}, concurrency {}{limits}, {} attempts, timeout {}, handler: {})",
             t.name,
             t.mode.name(),
             t.concurrency,
