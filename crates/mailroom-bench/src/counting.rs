@@ -204,6 +204,10 @@ impl Store for CountingStore {
         self.inner.rescue_expired().await
     }
 
+    async fn fold_counters(&self) -> mailroom::Result<()> {
+        self.inner.fold_counters().await
+    }
+
     async fn take_tokens(
         &self,
         topic: &str,

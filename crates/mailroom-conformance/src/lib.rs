@@ -152,6 +152,7 @@ macro_rules! suite {
             purge_deletes_rows_past_the_dedup_window,
             search_filters_on_error_text_and_time_and_counts_matches,
             throughput_counts_received_and_finished_per_minute,
+            stats_counters_match_a_full_count_after_a_mixed_workload,
             rate_budget_holds_one_grant_and_refills_at_the_rate,
             concurrent_takers_share_one_rate_budget,
             capped_claims_keep_running_events_within_max_running,

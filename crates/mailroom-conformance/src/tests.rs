@@ -1508,3 +1508,184 @@ pub async fn expired_events_are_not_run_and_replay_restarts_their_clock(s: S) {
         "replayed with a fresh clock"
     );
 }
+
+/// Every stored event by topic and status, counted by listing them all
+/// (what the stats counters must agree with).
+async fn full_count(s: &S) -> std::collections::BTreeMap<(String, &'static str), u64> {
+    let mut tally = std::collections::BTreeMap::new();
+    let mut filter = ListFilter {
+        limit: 1000,
+        ..ListFilter::default()
+    };
+    loop {
+        let page = s.list(&filter).await.unwrap();
+        for e in &page.events {
+            *tally
+                .entry((e.topic.clone(), e.status.as_str()))
+                .or_insert(0) += 1;
+        }
+        match page.next_cursor {
+            Some(c) => filter.cursor = Some(c),
+            None => return tally,
+        }
+    }
+}
+
+/// Compares the stats counters and the dead-letter counts with
+/// [`full_count`]; returns the full count.
+async fn assert_counters_exact(
+    s: &S,
+    after: &str,
+) -> std::collections::BTreeMap<(String, &'static str), u64> {
+    let full = full_count(s).await;
+    let stats = s.stats().await.unwrap();
+    let mut counted = std::collections::BTreeMap::new();
+    for t in &stats {
+        for status in Status::ALL {
+            if t.count(status) > 0 {
+                counted.insert((t.topic.clone(), status.as_str()), t.count(status));
+            }
+        }
+    }
+    assert_eq!(counted, full, "stats counters after {after}");
+    let dead_search = |topic: Option<&str>| EventSearch {
+        filter: ListFilter {
+            topic: topic.map(str::to_owned),
+            status: Some(Status::Dead),
+            limit: 1000,
+            ..ListFilter::default()
+        },
+        ..EventSearch::default()
+    };
+    for topic in [None, Some("orders"), Some("other")] {
+        let expected: u64 = full
+            .iter()
+            .filter(|((t, st), _)| *st == "dead" && topic.is_none_or(|x| x == t))
+            .map(|(_, n)| n)
+            .sum();
+        let search = dead_search(topic);
+        assert_eq!(
+            s.count(&search).await.unwrap(),
+            expected,
+            "dead in {topic:?} after {after}"
+        );
+        let listed = s.search(&search).await.unwrap().events;
+        assert_eq!(
+            listed.len() as u64,
+            expected,
+            "dead listed in {topic:?} after {after}"
+        );
+        assert!(listed.iter().all(|e| e.status == Status::Dead));
+    }
+    full
+}
+
+/// The stats counters (events per topic and status), the dead letters and
+/// the traffic per minute stay exact through a mixed workload — claims,
+/// completions done, retried and dead, lease rescue, replay of one and of
+/// every match, skip, cancel of one and of every match, folding, and
+/// retention deleting rows — compared with a full count of the events and
+/// their attempt history.
+pub async fn stats_counters_match_a_full_count_after_a_mixed_workload(s: S) {
+    for i in 0..14 {
+        let key = (i % 3 == 0).then(|| format!("k{i}"));
+        insert(&s, "orders", &format!("o-{i}"), key.as_deref()).await;
+    }
+    for i in 0..6 {
+        insert(&s, "other", &format!("x-{i}"), None).await;
+    }
+    for _ in 0..3 {
+        finish(&s, "orders", Completion::Done).await;
+    }
+    let mut dead_ids = Vec::new();
+    for _ in 0..4 {
+        dead_ids.push(finish(&s, "orders", dead("boom")).await);
+    }
+    finish(&s, "orders", retry("busy", HOUR)).await;
+    claim(&s, &req("orders", 2)).await; // stays running
+    let mut short = req("other", 2);
+    short.lease = Duration::from_millis(1);
+    claim(&s, &short).await;
+    finish(&s, "other", Completion::Done).await;
+    assert_counters_exact(&s, "claims and completions").await;
+    tick().await;
+    assert_eq!(s.rescue_expired().await.unwrap(), 2);
+    s.fold_counters().await.unwrap();
+    assert_counters_exact(&s, "rescue and a fold").await;
+
+    s.replay(dead_ids[0], 3).await.unwrap();
+    s.skip(dead_ids[1]).await.unwrap();
+    let pending = s
+        .list(&ListFilter {
+            topic: Some("orders".into()),
+            status: Some(Status::Pending),
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    s.cancel(pending.events[0].id).await.unwrap();
+    assert_counters_exact(&s, "replay, skip and cancel").await;
+    s.cancel_matching(&ListFilter {
+        topic: Some("other".into()),
+        ..ListFilter::default()
+    })
+    .await
+    .unwrap();
+    let dead_orders = ListFilter {
+        topic: Some("orders".into()),
+        status: Some(Status::Dead),
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        s.replay_matching(&dead_orders, 2).await.unwrap().replayed,
+        2
+    );
+    finish(&s, "orders", dead("again")).await;
+    assert_counters_exact(&s, "bulk cancel and replay").await;
+
+    // Traffic: every insert received, every attempt finished, in the window.
+    let mut attempts = (0, 0);
+    for e in s
+        .list(&ListFilter {
+            limit: 1000,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap()
+        .events
+    {
+        for a in &s.get(e.id).await.unwrap().unwrap().history {
+            match a.outcome {
+                AttemptOutcome::Done => attempts.0 += 1,
+                _ => attempts.1 += 1,
+            }
+        }
+    }
+    let traffic = s.throughput(HOUR).await.unwrap();
+    let sum = traffic.iter().fold((0, 0, 0), |(r, d, f), t| {
+        (r + t.received, d + t.done, f + t.failed)
+    });
+    assert_eq!(
+        sum,
+        (20, attempts.0, attempts.1),
+        "traffic: received, done, failed"
+    );
+    s.fold_counters().await.unwrap();
+    let folded = s.throughput(HOUR).await.unwrap();
+    assert_eq!(folded, traffic, "folding changes no answer");
+
+    tick().await;
+    let purged = s
+        .purge(Retention {
+            done: Duration::ZERO,
+            dead: Duration::ZERO,
+            dedup: Duration::ZERO,
+        })
+        .await
+        .unwrap();
+    assert!(purged.rows_deleted >= 4, "{purged:?}");
+    let full = assert_counters_exact(&s, "retention").await;
+    assert!(!full.keys().any(|(_, st)| matches!(*st, "done" | "skipped")));
+    s.fold_counters().await.unwrap();
+    assert_counters_exact(&s, "the last fold").await;
+}

@@ -437,6 +437,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// recorded as `lease_expired`. Returns how many were rescued.
     async fn rescue_expired(&self) -> Result<u64>;
 
+    /// Keeps the counters [`stats`](Store::stats) and
+    /// [`throughput`](Store::throughput) read small: folds what changes
+    /// recorded since the last call into them and drops minutes older than
+    /// the store keeps. Never changes what they answer; maintenance calls
+    /// it every period.
+    async fn fold_counters(&self) -> Result<()>;
+
     /// Applies `retention` ([`Retention`] says what goes) and reports what
     /// it removed; intake and claims are not held up meanwhile.
     async fn purge(&self, retention: Retention) -> Result<PurgeReport>;

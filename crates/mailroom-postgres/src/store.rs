@@ -294,6 +294,10 @@ impl Store for PostgresStore {
         sql::rescue_expired(self.pool_ref()).await
     }
 
+    async fn fold_counters(&self) -> Result<()> {
+        sql::fold_counters(self.pool_ref()).await
+    }
+
     async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant> {
         sql::take_tokens(self.pool_ref(), topic, rate, want).await
     }

@@ -196,6 +196,10 @@ impl Store for SqliteStore {
         self.write(WhenFull::Wait, sql::rescue_expired).await
     }
 
+    async fn fold_counters(&self) -> Result<()> {
+        self.write(WhenFull::Wait, sql::prune_traffic).await
+    }
+
     async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant> {
         Ok(self.inner.limits.take(topic, rate, want))
     }

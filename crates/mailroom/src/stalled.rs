@@ -96,6 +96,9 @@ impl Store for Stalled {
     async fn rescue_expired(&self) -> R<u64> {
         Ok(0)
     }
+    async fn fold_counters(&self) -> R<()> {
+        Ok(())
+    }
     async fn purge(&self, _: Retention) -> R<PurgeReport> {
         std::future::pending().await
     }

@@ -209,15 +209,32 @@ fn bind_search<'q>(
         .bind(s.received_until.map(|t| t.as_microsecond()))
 }
 
-/// Events matching `search`, newest first. Without an error or time
-/// filter it is the plain listing (`rows::list`, planned per index);
-/// with one, a walk back by `seq` that the filters (dead letters, mostly)
-/// keep short.
+/// The dead letters matching a search (`$2` is `'dead'`), walked back
+/// from `mailroom.dead_letters` (schema migration 12), so a page and a
+/// count read the dead events only, however many others are stored.
+macro_rules! dead_letters {
+    () => {
+        " FROM mailroom.dead_letters d JOIN mailroom.events e ON e.seq = d.seq
+         WHERE ($1::text IS NULL OR d.topic = $1) AND "
+    };
+}
+
+/// Events matching `search`, newest first. Dead letters are read from
+/// their own table; otherwise, without an error or time filter it is the
+/// plain listing (`rows::list`, planned per index); with one, a walk back
+/// by `seq` that the filters keep short.
 pub(crate) async fn search(pool: &PgPool, search: &EventSearch) -> Result<Page> {
-    const CTX: &str = "searching events";
-    if !search.narrows_list() {
+    if search.filter.status != Some(Status::Dead) && !search.narrows_list() {
         return super::list(pool, &search.filter).await;
     }
+    walk(pool, search).await
+}
+
+/// [`search`] as a walk back by `seq`: over the dead letters for dead
+/// events, over every event otherwise.
+pub(super) async fn walk(pool: &PgPool, search: &EventSearch) -> Result<Page> {
+    const CTX: &str = "searching events";
+    let dead = search.filter.status == Some(Status::Dead);
     let limit = match search.filter.limit {
         0 => DEFAULT_LIMIT,
         n => n.min(MAX_LIMIT),
@@ -226,13 +243,23 @@ pub(crate) async fn search(pool: &PgPool, search: &EventSearch) -> Result<Page> 
         None => None,
         Some(cursor) => Some(cursor_seq(pool, cursor).await?),
     };
-    let sql = concat!(
-        "SELECT ",
-        event_cols!(),
-        " FROM mailroom.events e WHERE ",
-        search_where!(),
-        " AND ($7::int8 IS NULL OR e.seq < $7) ORDER BY e.seq DESC LIMIT $8"
-    );
+    let sql = if dead {
+        concat!(
+            "SELECT ",
+            event_cols!(),
+            dead_letters!(),
+            search_where!(),
+            " AND ($7::int8 IS NULL OR d.seq < $7) ORDER BY d.seq DESC LIMIT $8"
+        )
+    } else {
+        concat!(
+            "SELECT ",
+            event_cols!(),
+            " FROM mailroom.events e WHERE ",
+            search_where!(),
+            " AND ($7::int8 IS NULL OR e.seq < $7) ORDER BY e.seq DESC LIMIT $8"
+        )
+    };
     let rows = bind_search(sqlx::query(sql), search)
         .bind(after_seq)
         .bind(i64::from(limit) + 1)
@@ -248,10 +275,14 @@ pub(crate) async fn search(pool: &PgPool, search: &EventSearch) -> Result<Page> 
 
 /// How many events match `search`.
 pub(crate) async fn count_matching(pool: &PgPool, search: &EventSearch) -> Result<u64> {
-    let sql = concat!(
-        "SELECT count(*) FROM mailroom.events e WHERE ",
-        search_where!()
-    );
+    let sql = if search.filter.status == Some(Status::Dead) {
+        concat!("SELECT count(*)", dead_letters!(), search_where!())
+    } else {
+        concat!(
+            "SELECT count(*) FROM mailroom.events e WHERE ",
+            search_where!()
+        )
+    };
     let row: (i64,) = bind_search(sqlx::query(sql), search)
         .fetch_one(pool)
         .await

@@ -71,7 +71,7 @@ pub(crate) use limits::{
 };
 pub(crate) use maintenance::{expire, purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch, list};
-pub(crate) use stats::{attempt_window, stats, throughput};
+pub(crate) use stats::{attempt_window, fold_counters, stats, throughput};
 
 /// Maps a database error to a [`StoreError`], saying what was being done.
 /// Data exceptions (SQLSTATE class 22: bad text encoding, out-of-range

@@ -3,8 +3,8 @@
 
 use super::{col, count, db, event_from_row, events_from_rows, opt_ts, ts};
 use mailroom_core::{
-    Attempt, Delivery, Event, EventId, Inserted, KeyCursor, ListFilter, NewEvent, Page, Result,
-    Status, StoreError,
+    Attempt, Delivery, Event, EventId, EventSearch, Inserted, KeyCursor, ListFilter, NewEvent,
+    Page, Result, Status, StoreError,
 };
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::{BTreeSet, HashMap};
@@ -308,6 +308,13 @@ pub(super) const LIST_TOPIC: &str = concat!(
 /// Events matching `filter`, newest first, a page at a time.
 pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
     const CTX: &str = "listing events";
+    if filter.status == Some(Status::Dead) {
+        let search = EventSearch {
+            filter: filter.clone(),
+            ..EventSearch::default()
+        };
+        return super::admin::walk(pool, &search).await;
+    }
     let limit = match filter.limit {
         0 => DEFAULT_LIMIT,
         n => n.min(MAX_LIMIT),

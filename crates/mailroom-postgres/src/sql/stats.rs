@@ -3,7 +3,7 @@
 //! numbers agree with each other.
 
 use super::{col, db, micros, opt_ts};
-use mailroom_core::{AttemptWindow, EventId, Result, Status, StoreError, Throughput, TopicStats};
+use mailroom_core::{AttemptWindow, Result, Status, StoreError, Throughput, TopicStats};
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -105,13 +105,19 @@ pub(crate) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
     Ok(by_topic.into_values().collect())
 }
 
-/// Event counts per topic and status.
+/// Event counts per topic and status: the folded totals plus the changes
+/// not folded yet (schema migration 12), from one snapshot.
 async fn counts(tx: &mut Tx) -> Result<BTreeMap<String, TopicStats>> {
-    let rows =
-        sqlx::query("SELECT topic, status, count(*) FROM mailroom.events GROUP BY topic, status")
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(db(CTX))?;
+    let rows = sqlx::query(
+        "SELECT topic, status, sum(n)::int8 FROM (
+             SELECT topic, status, n FROM mailroom.counts
+             UNION ALL
+             SELECT topic, status, n FROM mailroom.count_changes
+         ) c GROUP BY 1, 2 HAVING sum(n) > 0",
+    )
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db(CTX))?;
     let mut by_topic: BTreeMap<String, TopicStats> = BTreeMap::new();
     for row in &rows {
         let topic: String = col(row, 0)?;
@@ -129,22 +135,44 @@ async fn counts(tx: &mut Tx) -> Result<BTreeMap<String, TopicStats>> {
     Ok(by_topic)
 }
 
+/// The `received_at` of a topic's oldest pending event: the first in
+/// arrival order (replays keep their place, as on SQLite). `queue_claim`
+/// orders pending rows by priority first, so the first row of each
+/// priority level is found by one index seek per level (a loose index
+/// scan), and the earliest of those is the oldest: a few seeks, however
+/// many events wait.
+const OLDEST_PENDING: &str = concat!(
+    "WITH RECURSIVE level (p) AS (
+         (SELECT -q.priority FROM mailroom.queue q
+          WHERE q.topic = $1 AND q.state = 'pending' ORDER BY -q.priority LIMIT 1)
+         UNION ALL
+         SELECT (SELECT -q.priority FROM mailroom.queue q
+                 WHERE q.topic = $1 AND q.state = 'pending' AND -q.priority > l.p
+                 ORDER BY -q.priority LIMIT 1)
+         FROM level l WHERE l.p IS NOT NULL
+     ), heads AS (
+         SELECT (SELECT q.seq FROM mailroom.queue q
+                 WHERE q.topic = $1 AND q.state = 'pending' AND -q.priority = l.p
+                 ORDER BY q.seq LIMIT 1) AS seq
+         FROM level l WHERE l.p IS NOT NULL
+     )
+     SELECT ",
+    us!("e.received_at"),
+    " FROM mailroom.events e WHERE e.seq = (SELECT min(seq) FROM heads)"
+);
+
 /// Sets `received_at` of each topic's oldest pending event.
 async fn oldest_pending(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>) -> Result<()> {
-    let rows = sqlx::query(concat!(
-        "SELECT q.topic, ",
-        us!("min(e.received_at)"),
-        " FROM mailroom.queue q JOIN mailroom.events e ON e.seq = q.seq
-         WHERE q.state = 'pending' GROUP BY q.topic"
-    ))
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(db(CTX))?;
-    for row in &rows {
-        let topic: String = col(row, 0)?;
-        if let Some(stats) = by_topic.get_mut(&topic) {
-            stats.oldest_pending = opt_ts(col(row, 1)?)?;
+    for stats in by_topic.values_mut() {
+        if stats.count(Status::Pending) == 0 {
+            continue;
         }
+        let oldest: Option<i64> = sqlx::query_scalar(OLDEST_PENDING)
+            .bind(&stats.topic)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db(CTX))?;
+        stats.oldest_pending = opt_ts(oldest)?;
     }
     Ok(())
 }
@@ -172,38 +200,30 @@ async fn blocked_keys(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>) 
     Ok(())
 }
 
-/// See [`Store::throughput`](mailroom_core::Store::throughput): events
-/// received per minute, found through the `id` index (ids are UUIDv7, so
-/// time-ordered; the bound leaves a margin for clock skew and the time
-/// between an id's making and its commit), and attempts finished (the BRIN
-/// index `attempts_finished`), from one snapshot.
+/// How long the per-minute counters are kept (maintenance drops older
+/// minutes): the dashboard charts the last 30.
+const TRAFFIC_KEPT: Duration = Duration::from_secs(2 * 3600);
+
+/// See [`Store::throughput`](mailroom_core::Store::throughput): the folded
+/// per-minute counters plus the changes not folded yet (schema migration
+/// 10), from one snapshot; the minute that holds the window's start
+/// counts whole.
 pub(crate) async fn throughput(pool: &PgPool, window: Duration) -> Result<Vec<Throughput>> {
     const CTX: &str = "reading throughput";
-    let margin = window + Duration::from_secs(300);
-    let first_id = jiff::Timestamp::now()
-        .checked_sub(jiff::SignedDuration::try_from(margin).unwrap_or_default())
-        .map(EventId::first_at)
-        .unwrap_or_else(|_| EventId(uuid::Uuid::nil()));
     let mut tx = snapshot(pool, CTX).await?;
-    let received = sqlx::query(
-        "SELECT topic, extract(epoch FROM date_trunc('minute', received_at))::int8, count(*)::int8
-         FROM mailroom.events
-         WHERE id >= $1::text::uuid
-           AND received_at >= now() - make_interval(secs => $2::float8 / 1000000)
-         GROUP BY 1, 2",
-    )
-    .bind(first_id.to_string())
-    .bind(micros(window))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(db(CTX))?;
-    let finished = sqlx::query(
-        "SELECT e.topic, extract(epoch FROM date_trunc('minute', a.finished_at))::int8,
-                (count(*) FILTER (WHERE a.outcome = 'done'))::int8,
-                (count(*) FILTER (WHERE a.outcome <> 'done'))::int8
-         FROM mailroom.attempts a JOIN mailroom.events e ON e.seq = a.event_seq
-         WHERE a.finished_at >= now() - make_interval(secs => $1::float8 / 1000000)
-         GROUP BY 1, 2",
+    let rows = sqlx::query(
+        "WITH since AS (
+             SELECT floor(extract(epoch FROM now() - make_interval(secs => $1::float8 / 1000000))
+                          / 60)::int8 AS minute
+         )
+         SELECT topic, minute, sum(received)::int8, sum(done)::int8, sum(failed)::int8 FROM (
+             SELECT topic, minute, received, done, failed FROM mailroom.traffic
+             WHERE minute >= (SELECT minute FROM since)
+             UNION ALL
+             SELECT topic, minute, received, done, failed FROM mailroom.traffic_changes
+             WHERE minute >= (SELECT minute FROM since)
+         ) t GROUP BY 1, 2
+         HAVING sum(received) > 0 OR sum(done) > 0 OR sum(failed) > 0",
     )
     .bind(micros(window))
     .fetch_all(&mut *tx)
@@ -211,15 +231,54 @@ pub(crate) async fn throughput(pool: &PgPool, window: Duration) -> Result<Vec<Th
     .map_err(db(CTX))?;
     tx.commit().await.map_err(db(CTX))?;
     let mut by_minute: BTreeMap<(String, i64), Throughput> = BTreeMap::new();
-    for row in &received {
-        minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?.received = unsigned(col(row, 2)?);
-    }
-    for row in &finished {
-        let entry = minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?;
-        entry.done = unsigned(col(row, 2)?);
-        entry.failed = unsigned(col(row, 3)?);
+    for row in &rows {
+        let minute: i64 = col(row, 1)?;
+        let entry = minute_entry(&mut by_minute, col(row, 0)?, minute.saturating_mul(60))?;
+        entry.received = unsigned(col(row, 2)?);
+        entry.done = unsigned(col(row, 3)?);
+        entry.failed = unsigned(col(row, 4)?);
     }
     Ok(by_minute.into_values().collect())
+}
+
+/// See [`Store::fold_counters`](mailroom_core::Store::fold_counters): moves
+/// the change rows into the totals, each statement in one go (a change
+/// row is deleted and added once: a concurrent fold skips the rows this one
+/// deleted), and drops minutes older than [`TRAFFIC_KEPT`].
+pub(crate) async fn fold_counters(pool: &PgPool) -> Result<()> {
+    const CTX: &str = "folding the stats counters";
+    sqlx::query(
+        "WITH moved AS (DELETE FROM mailroom.count_changes RETURNING topic, status, n)
+         INSERT INTO mailroom.counts AS c (topic, status, n)
+         SELECT topic, status, sum(n) FROM moved GROUP BY 1, 2
+         ON CONFLICT (topic, status) DO UPDATE SET n = c.n + EXCLUDED.n",
+    )
+    .execute(pool)
+    .await
+    .map_err(db(CTX))?;
+    sqlx::query(
+        "WITH moved AS (
+             DELETE FROM mailroom.traffic_changes RETURNING topic, minute, received, done, failed
+         )
+         INSERT INTO mailroom.traffic AS t (topic, minute, received, done, failed)
+         SELECT topic, minute, sum(received), sum(done), sum(failed) FROM moved GROUP BY 1, 2
+         ON CONFLICT (topic, minute) DO UPDATE
+         SET received = t.received + EXCLUDED.received, done = t.done + EXCLUDED.done,
+             failed = t.failed + EXCLUDED.failed",
+    )
+    .execute(pool)
+    .await
+    .map_err(db(CTX))?;
+    sqlx::query(
+        "DELETE FROM mailroom.traffic
+         WHERE minute < floor(extract(epoch FROM now() - make_interval(secs => $1::float8 / 1000000))
+                              / 60)::int8",
+    )
+    .bind(micros(TRAFFIC_KEPT))
+    .execute(pool)
+    .await
+    .map_err(db(CTX))?;
+    Ok(())
 }
 
 fn minute_entry(

@@ -114,6 +114,9 @@ impl Store for Wrapped {
     async fn rescue_expired(&self) -> StoreResult<u64> {
         self.inner.rescue_expired().await
     }
+    async fn fold_counters(&self) -> StoreResult<()> {
+        self.inner.fold_counters().await
+    }
     async fn next_due(&self, req: &ClaimRequest) -> StoreResult<Option<jiff::Timestamp>> {
         self.inner.next_due(req).await
     }

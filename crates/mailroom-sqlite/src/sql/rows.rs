@@ -131,8 +131,9 @@ pub(super) fn filter_sql(filter: &ListFilter) -> (String, Vec<Box<dyn ToSql>>) {
         sql.push_str(&format!(" AND topic = ?{}", params.len()));
     }
     if let Some(status) = filter.status {
-        params.push(Box::new(status.as_str()));
-        sql.push_str(&format!(" AND status = ?{}", params.len()));
+        // A literal (one of the fixed status names), so that SQLite can
+        // use the partial index of that status (`events_dead`).
+        sql.push_str(&format!(" AND status = '{}'", status.as_str()));
     }
     if let Some(key) = &filter.key {
         params.push(Box::new(key.clone()));

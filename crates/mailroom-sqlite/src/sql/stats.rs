@@ -4,7 +4,7 @@
 //! `reader`), so the numbers of one answer agree with each other.
 
 use super::{before, col, db, now_ms, opt_ts, ts};
-use mailroom_core::{AttemptWindow, EventId, Result, Status, StoreError, Throughput, TopicStats};
+use mailroom_core::{AttemptWindow, Result, Status, StoreError, Throughput, TopicStats};
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -36,71 +36,28 @@ pub(crate) fn stats(conn: &Connection) -> Result<Vec<TopicStats>> {
     Ok(by_topic.into_values().collect())
 }
 
-/// `(topic, status, count)` rows of a counting statement.
-fn count_by(conn: &Connection, sql: &str) -> Result<Vec<(String, String, u64)>> {
-    let mut stmt = conn.prepare_cached(sql).map_err(db(CTX))?;
-    let mut rows = stmt.query([]).map_err(db(CTX))?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next().map_err(db(CTX))? {
-        let count: i64 = col(row, 2)?;
-        out.push((
-            col(row, 0)?,
-            col(row, 1)?,
-            u64::try_from(count).unwrap_or(0),
-        ));
-    }
-    Ok(out)
-}
-
-/// Event counts per topic and status. Each status but done is counted
-/// from an index holding only it; done is what is left of the total
-/// (`docs/perf/sqlite.md`).
+/// Event counts per topic and status, from the counters the triggers of
+/// schema migration 7 keep (`topic_counts`): one row per topic and status,
+/// whatever the number of events.
 fn counts(conn: &Connection) -> Result<BTreeMap<String, TopicStats>> {
-    let totals = count_by(
-        conn,
-        "SELECT topic, 'all', COUNT(*) FROM events GROUP BY topic",
-    )?;
-    let mut parts = count_by(
-        conn,
-        "SELECT topic, 'pending', COUNT(*) FROM events WHERE status = 'pending' GROUP BY topic",
-    )?;
-    parts.extend(count_by(
-        conn,
-        "SELECT topic, 'running', COUNT(*) FROM events WHERE status = 'running' GROUP BY topic",
-    )?);
-    parts.extend(count_by(
-        conn,
-        "SELECT topic, status, COUNT(*) FROM events
-         WHERE status IN ('dead', 'skipped') GROUP BY topic, status",
-    )?);
-    parts.extend(count_by(
-        conn,
-        "SELECT topic, status, COUNT(*) FROM events
-         WHERE status IN ('cancelled', 'expired') GROUP BY topic, status",
-    )?);
-    let mut by_topic: BTreeMap<String, TopicStats> = totals
-        .into_iter()
-        .map(|(topic, _, total)| {
-            let mut stats = TopicStats {
-                topic: topic.clone(),
-                ..TopicStats::default()
-            };
-            stats.counts.insert(Status::Done.as_str(), total);
-            (topic, stats)
-        })
-        .collect();
-    for (topic, status, count) in parts {
+    let mut stmt = conn
+        .prepare_cached("SELECT topic, status, n FROM topic_counts WHERE n > 0")
+        .map_err(db(CTX))?;
+    let mut rows = stmt.query([]).map_err(db(CTX))?;
+    let mut by_topic: BTreeMap<String, TopicStats> = BTreeMap::new();
+    while let Some(row) = rows.next().map_err(db(CTX))? {
+        let topic: String = col(row, 0)?;
+        let status: String = col(row, 1)?;
         let status: Status = status.parse().map_err(StoreError::Corrupt)?;
-        let Some(stats) = by_topic.get_mut(&topic) else {
-            continue;
-        };
-        if let Some(done) = stats.counts.get_mut(Status::Done.as_str()) {
-            *done = done.saturating_sub(count);
-        }
-        stats.counts.insert(status.as_str(), count);
-    }
-    for stats in by_topic.values_mut() {
-        stats.counts.retain(|_, n| *n > 0);
+        let n: i64 = col(row, 2)?;
+        by_topic
+            .entry(topic.clone())
+            .or_insert_with(|| TopicStats {
+                topic,
+                ..TopicStats::default()
+            })
+            .counts
+            .insert(status.as_str(), n.unsigned_abs());
     }
     Ok(by_topic)
 }
@@ -230,46 +187,41 @@ fn longest_running(
 /// A minute's number (milliseconds since the epoch / 60,000).
 const MINUTE_MS: i64 = 60_000;
 
-/// See [`Store::throughput`](mailroom_core::Store::throughput): events
-/// received per minute (found through the `id` index: ids are UUIDv7, so
-/// time-ordered; the bound leaves a margin for the time between an id's
-/// making and its commit), and attempts finished (`attempts_finished`).
+/// How long the per-minute counters are kept (maintenance drops older
+/// minutes): the dashboard charts the last 30.
+pub(crate) const TRAFFIC_KEPT: Duration = Duration::from_secs(2 * 3600);
+
+/// See [`Store::throughput`](mailroom_core::Store::throughput), from the
+/// per-minute counters (`traffic`, schema migration 7): the minute that
+/// holds the window's start counts whole.
 pub(crate) fn throughput(conn: &Connection, window: Duration) -> Result<Vec<Throughput>> {
     const CTX: &str = "reading throughput";
-    let since = before(now_ms(), window);
-    let first_id = ts(before(since, Duration::from_secs(300)))
-        .map(EventId::first_at)
-        .map(|id| id.to_string())
-        .unwrap_or_default();
+    let since = before(now_ms(), window).div_euclid(MINUTE_MS);
     let mut by_minute: BTreeMap<(String, i64), Throughput> = BTreeMap::new();
-    let mut received = conn
+    let mut stmt = conn
         .prepare_cached(
-            "SELECT topic, received_at / ?3, COUNT(*) FROM events
-             WHERE id >= ?1 AND received_at >= ?2 GROUP BY 1, 2",
+            "SELECT topic, minute, received, done, failed FROM traffic
+             WHERE minute >= ?1 AND (received > 0 OR done > 0 OR failed > 0)",
         )
         .map_err(db(CTX))?;
-    let mut rows = received
-        .query(rusqlite::params![first_id, since, MINUTE_MS])
-        .map_err(db(CTX))?;
+    let mut rows = stmt.query([since]).map_err(db(CTX))?;
     while let Some(row) = rows.next().map_err(db(CTX))? {
-        let n: i64 = col(row, 2)?;
-        minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?.received = n.unsigned_abs();
-    }
-    let mut finished = conn
-        .prepare_cached(
-            "SELECT e.topic, a.finished_at / ?2, SUM(a.outcome = 'done'), SUM(a.outcome <> 'done')
-             FROM attempts a JOIN events e ON e.seq = a.event_seq
-             WHERE a.finished_at >= ?1 GROUP BY 1, 2",
-        )
-        .map_err(db(CTX))?;
-    let mut rows = finished.query([since, MINUTE_MS]).map_err(db(CTX))?;
-    while let Some(row) = rows.next().map_err(db(CTX))? {
-        let (done, failed): (i64, i64) = (col(row, 2)?, col(row, 3)?);
+        let (received, done, failed): (i64, i64, i64) = (col(row, 2)?, col(row, 3)?, col(row, 4)?);
         let entry = minute_entry(&mut by_minute, col(row, 0)?, col(row, 1)?)?;
+        entry.received = received.unsigned_abs();
         entry.done = done.unsigned_abs();
         entry.failed = failed.unsigned_abs();
     }
     Ok(by_minute.into_values().collect())
+}
+
+/// Drops the per-minute counters older than [`TRAFFIC_KEPT`].
+pub(crate) fn prune_traffic(conn: &Connection, now: i64) -> Result<()> {
+    conn.prepare_cached("DELETE FROM traffic WHERE minute < ?1")
+        .map_err(db("pruning traffic counters"))?
+        .execute([before(now, TRAFFIC_KEPT).div_euclid(MINUTE_MS)])
+        .map_err(db("pruning traffic counters"))?;
+    Ok(())
 }
 
 fn minute_entry(

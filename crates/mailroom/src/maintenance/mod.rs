@@ -4,9 +4,9 @@
 //!
 //! The tasks share one election: each period the service renews (or tries
 //! to take) the `maintenance` lease, and only its holder runs them. Lease
-//! rescue and expiry run every period; retention and alerts on their own, longer
-//! schedules. A task is a small struct that knows its schedule and does
-//! one round when asked.
+//! rescue, expiry and the folding of the stats counters run every period;
+//! retention and alerts on their own, longer schedules. A task is a small
+//! struct that knows its schedule and does one round when asked.
 
 mod alerts;
 mod expiry;
@@ -73,6 +73,9 @@ impl Maintenance {
                     Ok(true) => {
                         rescue.run_once().await;
                         expiry.run_once().await;
+                        if let Err(e) = store.fold_counters().await {
+                            warn!(error = %e, "folding the stats counters failed");
+                        }
                         retention.run_if_due().await;
                         alerts.run_if_due().await;
                     }
