@@ -24,6 +24,7 @@ macro_rules! out {
 
 mod commands;
 mod logging;
+mod progress;
 mod table;
 mod telemetry;
 

@@ -219,3 +219,110 @@ async fn cancel_by_id_and_by_filter_with_a_preview() {
     assert_eq!(orders.count(mailroom::Status::Pending), 0);
     assert_eq!(orders.count(mailroom::Status::Running), 1);
 }
+
+/// `count` events of `orders` dead through a pull worker.
+async fn dead_events(engine: &Engine, count: usize) {
+    for n in 0..count {
+        engine
+            .enqueue(Draft::json("orders", &serde_json::json!({ "n": n })))
+            .await
+            .expect("enqueue");
+    }
+    kill_pending(engine, count).await;
+}
+
+/// Claims the `count` pending events of `orders` and fails them for good.
+async fn kill_pending(engine: &Engine, count: usize) {
+    let claimed = engine
+        .claim("orders", 1000, None, "w")
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), count);
+    for c in claimed {
+        let verdict = Outcome::Permanent {
+            error: "boom".into(),
+        };
+        engine
+            .finish_claim(c.event.id, c.token, verdict)
+            .await
+            .expect("nack");
+    }
+}
+
+/// The long verbs (`replay` by filter, `purge`) draw their progress only
+/// on a terminal: piped, and with `--json`, their output is exactly what
+/// it was, with no progress drawing on either stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piped_and_json_output_of_long_verbs_has_no_progress_drawing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = setup(dir.path()).await;
+    dead_events(&engine, 450).await;
+    let (ok, out, err) = mailroom(dir.path(), &["replay", "--status", "dead"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "450 events are pending again\n");
+    assert_eq!(err, "replaying dead events…\n");
+    let counts = engine.stats().await.expect("stats");
+    assert_eq!(counts[0].count(mailroom::Status::Pending), 450);
+
+    kill_pending(&engine, 450).await;
+    let (ok, out, err) = mailroom(dir.path(), &["replay", "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "{\"replayed\":450,\"skipped_purged\":0}\n");
+    assert_eq!(err, "replaying dead events…\n");
+
+    let (ok, out, err) = mailroom(dir.path(), &["purge", "--older-than", "1h"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("payloads dropped: 0, rows deleted"),
+        "{out}"
+    );
+    assert_eq!(err, "purging finished events older than 1h…\n");
+    let (ok, out, err) = mailroom(dir.path(), &["purge", "--older-than", "1h", "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "{\"payloads_dropped\":0,\"rows_deleted\":0}\n");
+    assert_eq!(err, "purging finished events older than 1h…\n");
+}
+
+/// What `mailroom <args>` shows on a terminal (a pseudo-terminal from
+/// `script`, both streams on it).
+fn on_a_terminal(dir: &Path, args: &str) -> String {
+    let command = format!(
+        "{} --config {} {args}",
+        env!("CARGO_BIN_EXE_mailroom"),
+        dir.join("mailroom.toml").display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_remove("MAILROOM_CONFIG")
+        .env_remove("MAILROOM_STORE_URL")
+        .env_remove("RUST_LOG")
+        .env("TERM", "xterm")
+        .output()
+        .expect("run script");
+    let screen = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{screen}");
+    screen
+}
+
+/// On a terminal a replay by filter draws its progress bar on stderr,
+/// then clears it for the summary; with `--json` it draws none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_by_filter_draws_progress_on_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = setup(dir.path()).await;
+    dead_events(&engine, 450).await;
+    let screen = on_a_terminal(dir.path(), "replay --status dead --json");
+    assert!(!screen.contains("replaying ["), "{screen:?}");
+    assert!(screen.contains("{\"replayed\":450,"), "{screen:?}");
+    kill_pending(&engine, 450).await;
+    let screen = on_a_terminal(dir.path(), "replay --status dead");
+    assert!(
+        screen.contains("replaying ["),
+        "no progress bar: {screen:?}"
+    );
+    assert!(screen.contains("/450"), "no count: {screen:?}");
+    assert!(
+        screen.contains("450 events are pending again"),
+        "{screen:?}"
+    );
+}

@@ -17,6 +17,7 @@ mod admin;
 mod ingest;
 mod pull;
 
+pub use admin::ReplayProgress;
 pub use ingest::{Accepted, Draft, EnqueueError};
 pub use pull::ClaimError;
 

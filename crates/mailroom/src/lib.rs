@@ -58,7 +58,9 @@ mod stalled;
 pub mod topology;
 
 pub use accept::Refused;
-pub use engine::{Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder, EnqueueError};
+pub use engine::{
+    Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder, EnqueueError, ReplayProgress,
+};
 // The domain and the storage contract, as a user of the engine (or the
 // writer of a store) meets them; `mailroom-core`'s module tree stays there.
 pub use mailroom_core::{

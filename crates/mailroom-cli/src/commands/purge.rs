@@ -3,13 +3,17 @@
 
 use super::{load_config, offline_engine};
 use crate::Cli;
+use crate::progress::Progress;
 use anyhow::Result;
 
 pub(super) async fn run(cli: &Cli, older_than: &str, json: bool) -> Result<()> {
     let d = mailroom::duration::parse(older_than)?;
     let engine = offline_engine(&load_config(cli)?).await?;
     eprintln!("purging finished events older than {older_than}…");
-    let report = engine.purge(d).await?;
+    let spinner = Progress::spinner(json, "purging");
+    let report = engine.purge(d).await;
+    spinner.finish();
+    let report = report?;
     if json {
         outln!(
             "{}",

@@ -2,10 +2,15 @@
 //! budget, one by id or all matching a filter.
 
 use super::{load_config, offline_engine};
+use crate::progress::Progress;
 use crate::{Cli, Filter};
 use anyhow::{Result, bail};
 use mailroom::answer::EventObject;
-use mailroom::{Engine, Status};
+use mailroom::{Engine, EventSearch, ListFilter, ReplayReport, Status};
+
+/// Events replayed per page of a replay by filter (concurrently, so the
+/// store groups them), and the steps of its progress.
+const PAGE: u32 = 200;
 
 pub(super) async fn run(cli: &Cli, id: Option<&str>, filter: &Filter, json: bool) -> Result<()> {
     let engine = offline_engine(&load_config(cli)?).await?;
@@ -42,7 +47,22 @@ async fn matching(engine: &Engine, filter: &Filter, json: bool) -> Result<()> {
         bail!("running events cannot be replayed");
     }
     eprintln!("replaying {status} events…");
-    let report = engine.replay_matching(&filter).await?;
+    let search = EventSearch {
+        filter: ListFilter {
+            limit: PAGE,
+            ..filter
+        },
+        ..EventSearch::default()
+    };
+    let total = engine.count(&search).await?;
+    let bar = Progress::bar(json, total, "replaying");
+    let done = engine.replay_each(search, |p| bar.set(p.handled())).await;
+    bar.finish();
+    let done = done?;
+    let report = ReplayReport {
+        replayed: done.replayed,
+        skipped_purged: done.purged,
+    };
     if json {
         outln!("{}", serde_json::json!(report));
     } else {

@@ -220,37 +220,20 @@ pub(crate) async fn start(
     Ok(Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response())
 }
 
-/// Replays the matching events a chunk at a time (each replay is one
-/// store write; a chunk runs concurrently so the store can group them),
-/// walking the listing by cursor so events it cannot replay are passed,
-/// not met again.
-async fn run(engine: Engine, mut search: EventSearch, job: Arc<Job>) {
-    loop {
-        let page = match engine.search(&search).await {
-            Ok(p) => p,
-            Err(e) => return job.fail(&e),
-        };
-        let mut set = tokio::task::JoinSet::new();
-        for id in page.events.iter().map(|e| e.id) {
-            let engine = engine.clone();
-            set.spawn(async move { engine.replay(id).await.map(drop) });
-        }
-        while let Some(done) = set.join_next().await {
-            match done {
-                Ok(Ok(())) => job.replayed.fetch_add(1, Ordering::Relaxed),
-                Ok(Err(StoreError::Purged(_))) => job.purged.fetch_add(1, Ordering::Relaxed),
-                Ok(Err(StoreError::Conflict(_) | StoreError::NotFound)) | Err(_) => {
-                    job.changed.fetch_add(1, Ordering::Relaxed)
-                }
-                Ok(Err(e)) => return job.fail(&e),
-            };
-        }
-        match page.next_cursor {
-            Some(c) => search.filter.cursor = Some(c),
-            None => break,
-        }
+/// Replays the matching events a page at a time
+/// ([`Engine::replay_each`]), publishing the counts after each page.
+async fn run(engine: Engine, search: EventSearch, job: Arc<Job>) {
+    let outcome = engine
+        .replay_each(search, |p| {
+            job.replayed.store(p.replayed, Ordering::Relaxed);
+            job.purged.store(p.purged, Ordering::Relaxed);
+            job.changed.store(p.changed, Ordering::Relaxed);
+        })
+        .await;
+    match outcome {
+        Ok(_) => job.finished.store(true, Ordering::Release),
+        Err(e) => job.fail(&e),
     }
-    job.finished.store(true, Ordering::Release);
 }
 
 impl Job {

@@ -112,6 +112,46 @@ impl Engine {
         Ok(total)
     }
 
+    /// Replays every event matching `search` a page (its `limit`) at a
+    /// time, the replays of a page concurrently (so the store groups
+    /// them), calling `progress` after each page: what a bulk replay that
+    /// shows its progress runs (the dashboard's, the CLI's). The listing is
+    /// walked by cursor, so an event that cannot be replayed is passed, not
+    /// met again. Stops at the first store failure; what was replayed
+    /// before stays replayed, and running the same search again replays
+    /// the rest.
+    pub async fn replay_each(
+        &self,
+        mut search: EventSearch,
+        mut progress: impl FnMut(&ReplayProgress),
+    ) -> Result<ReplayProgress, StoreError> {
+        let mut done = ReplayProgress::default();
+        loop {
+            let page = self.search(&search).await?;
+            let mut set = tokio::task::JoinSet::new();
+            for id in page.events.iter().map(|e| e.id) {
+                let engine = self.clone();
+                set.spawn(async move { engine.replay(id).await.map(drop) });
+            }
+            while let Some(outcome) = set.join_next().await {
+                match outcome {
+                    Ok(Ok(())) => done.replayed += 1,
+                    Ok(Err(StoreError::Purged(_))) => done.purged += 1,
+                    // Running, or gone (retention) since the page was read.
+                    Ok(Err(StoreError::Conflict(_) | StoreError::NotFound)) | Err(_) => {
+                        done.changed += 1;
+                    }
+                    Ok(Err(e)) => return Err(e),
+                }
+            }
+            progress(&done);
+            match page.next_cursor {
+                Some(c) => search.filter.cursor = Some(c),
+                None => return Ok(done),
+            }
+        }
+    }
+
     /// Per-topic numbers, with `blocked_keys` counted only where a dead head
     /// really blocks its key (sequential topics with `on_dead = "block"`):
     /// the store cannot know a topic's mode.
@@ -220,5 +260,23 @@ impl Engine {
             .get(topic)
             .map(|t| t.spec.retry.max_attempts)
             .unwrap_or(mailroom_core::RetryPolicy::default().max_attempts)
+    }
+}
+
+/// What [`Engine::replay_each`] has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayProgress {
+    /// Events sent back to pending.
+    pub replayed: u64,
+    /// Events left as they were: retention dropped their payload.
+    pub purged: u64,
+    /// Events that changed since they were listed (running, or deleted).
+    pub changed: u64,
+}
+
+impl ReplayProgress {
+    /// Events handled, whatever became of them.
+    pub fn handled(&self) -> u64 {
+        self.replayed + self.purged + self.changed
     }
 }
