@@ -163,19 +163,24 @@ async fn rate_holds_across_three_instances_on_postgres() {
         "3,000 starts in {took:?}; busiest second {most} by the handlers' clock, {claimed_most} by the store's claims"
     );
     // The budget itself never grants more than 100 + 10 in a second (the
-    // conformance test `concurrent_takers_share_one_rate_budget`). A claim
-    // starts its attempts a round trip after its grant, and the handler
-    // runs a task switch after that; on a loaded machine those lags vary
-    // by tens of milliseconds, which shows here as a start or two more
-    // (measured: 110-111 by the store's clock, 111-120 by the handlers',
-    // at load 15 on 2 cores). Allowed: 50 ms of the rate between grant and
-    // claim, 150 ms between grant and handler.
-    let bound = 100 + rate.grant() as usize;
+    // conformance test `concurrent_takers_share_one_rate_budget`). But a
+    // grant is taken in one store call and its claim made in the next, so
+    // grants taken just before a window may claim inside it: measured
+    // 110-116 claims in the busiest second at load 15, and 120 (both
+    // clocks) in a CI run on an idle machine, where three instances'
+    // grant-then-claim round trips overlap most. The bound (100 +
+    // one grant) therefore does NOT hold end to end today; it would need
+    // the tokens taken inside the claim's own transaction. This test holds
+    // the design's real bound: what the budget grants within the second
+    // (the rate plus the one grant it holds), plus the grants taken before
+    // the second whose claims land in it (at most one per instance, since
+    // an instance claims before it takes again): 100 + 4 grants here.
+    let bound = 100 + 4 * rate.grant() as usize;
     assert!(
-        claimed_most <= bound + 5,
+        claimed_most <= bound,
         "{claimed_most} claims in one second"
     );
-    assert!(most <= bound + 15, "{most} starts in one second");
+    assert!(most <= bound, "{most} starts in one second");
     let secs = took.as_secs_f64();
     assert!(
         (27.0..=33.0).contains(&secs),
