@@ -176,10 +176,7 @@ async fn rate_holds_across_three_instances_on_postgres() {
     // the second whose claims land in it (at most one per instance, since
     // an instance claims before it takes again): 100 + 4 grants here.
     let bound = 100 + 4 * rate.grant() as usize;
-    assert!(
-        claimed_most <= bound,
-        "{claimed_most} claims in one second"
-    );
+    assert!(claimed_most <= bound, "{claimed_most} claims in one second");
     assert!(most <= bound, "{most} starts in one second");
     let secs = took.as_secs_f64();
     assert!(
