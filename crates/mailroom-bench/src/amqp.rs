@@ -171,6 +171,32 @@ impl Ctx {
             .context("opening a channel")
     }
 
+    /// A consumer of `queue` on a channel of its own with
+    /// `basic.qos(prefetch)`, and the meter of the phase it starts, started
+    /// just before consuming begins.
+    async fn consumer(
+        &self,
+        queue: &str,
+        prefetch: u16,
+    ) -> anyhow::Result<(Channel, Meter, lapin::Consumer)> {
+        use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+        let ch = self.channel().await?;
+        ch.basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .context("basic.qos")?;
+        let meter = Meter::start(self.broker_pid.as_deref());
+        let consumer = ch
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                Default::default(),
+            )
+            .await
+            .context("basic.consume")?;
+        Ok((ch, meter, consumer))
+    }
+
     /// Declares a fresh exchange and queue for `what`.
     async fn route(&self, what: &str) -> anyhow::Result<Route> {
         let base = format!("bench-{:08x}.{what}", self.run_id);

@@ -41,12 +41,17 @@ async fn receiver() -> (String, Calls) {
             }
         }),
     );
+    (format!("{}/handle", on_loopback(app).await), calls)
+}
+
+/// Serves `app` on a free loopback port: its base URL.
+async fn on_loopback(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}/handle", listener.local_addr().expect("addr"));
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, calls)
+    url
 }
 
 /// A webhook's `traceparent` reaches the HTTP handler on every attempt with
@@ -199,12 +204,7 @@ async fn collector() -> (String, Spans) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, spans)
+    (on_loopback(app).await, spans)
 }
 
 fn hex(bytes: &[u8]) -> String {

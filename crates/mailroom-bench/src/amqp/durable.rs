@@ -8,12 +8,12 @@
 //! measured against this floor to say how much of the distance to the
 //! store-less consume floor is the store's, and how much is mailroom's.
 
-use super::{Ctx, Meter, Phase};
+use super::{Ctx, Phase};
 use anyhow::Context;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::BasicAckOptions;
 use rusqlite::Connection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,20 +75,7 @@ pub async fn consume(ctx: &Ctx, queue: &str, prefetch: u16) -> anyhow::Result<Ph
             .name("floor-writer".into())
             .spawn(move || writer(db, arrived, commit, commits))?
     };
-    let ch = ctx.channel().await?;
-    ch.basic_qos(prefetch, BasicQosOptions::default())
-        .await
-        .context("basic.qos")?;
-    let meter = Meter::start(ctx.broker_pid.as_deref());
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            Default::default(),
-        )
-        .await
-        .context("basic.consume")?;
+    let (ch, meter, mut consumer) = ctx.consumer(queue, prefetch).await?;
     let (mut received, mut acked) = (0, 0);
     let mut acks = FuturesUnordered::new();
     while acked < n {

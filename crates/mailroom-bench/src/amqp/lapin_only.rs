@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lapin::options::ConfirmSelectOptions;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::options::{BasicAckOptions, BasicPublishOptions};
 use lapin::{BasicProperties, Confirmation};
 
 /// The properties of every benchmark message: persistent, a `message_id`
@@ -61,20 +61,7 @@ pub async fn publish(ctx: &Ctx, route: &Route, name: &str) -> anyhow::Result<Pha
 /// each one on its own (as mailroom's source does), and stores nothing.
 pub async fn consume(ctx: &Ctx, queue: &str, prefetch: u16) -> anyhow::Result<Phase> {
     let n = ctx.settings.messages;
-    let ch = ctx.channel().await?;
-    ch.basic_qos(prefetch, BasicQosOptions::default())
-        .await
-        .context("basic.qos")?;
-    let meter = Meter::start(ctx.broker_pid.as_deref());
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            Default::default(),
-        )
-        .await
-        .context("basic.consume")?;
+    let (ch, meter, mut consumer) = ctx.consumer(queue, prefetch).await?;
     // Acks go out concurrently with the next deliveries (as mailroom's
     // tasks send theirs), so the floor is not held back by awaiting each.
     let mut acks = FuturesUnordered::new();
