@@ -47,6 +47,7 @@
 # For detached services see scripts/services.sh (up | env | down | status).
 #
 # Environment: MR_START_TIMEOUT (seconds per server, default 90),
+# MR_FAULTS_TIMEOUT (seconds for the whole fault matrix, default 900),
 # CARGO_TARGET_DIR and the usual cargo/nextest variables are honoured.
 # Needs root or sudo only to apt-install missing packages; as root the
 # servers run as the `postgres` and `rabbitmq` users.
@@ -61,6 +62,7 @@ source "$REPO_ROOT/scripts/lib/services.sh"
 services_only=false
 run_doc=true
 run_faults=false
+faults_timeout="${MR_FAULTS_TIMEOUT:-900}"
 cargo_args=()
 while (($#)); do
   case "$1" in
@@ -159,8 +161,14 @@ if $run_faults && ((${#scope[@]})); then
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
   cargo build -p mailroom-bench -p mailroom-cli || faults_rc=$?
   if ((faults_rc == 0)); then
-    MAILROOM_BIN="$target_dir/debug/mailroom" "$target_dir/debug/mailroom-bench" faults \
+    # Every wait inside the matrix is bounded and a scenario past its
+    # deadline is a failed row; this is the last guard. On SIGTERM the
+    # bench stops its scenario (children, private servers) and prints the
+    # rows so far; KILL a minute later if even that hangs.
+    MAILROOM_BIN="$target_dir/debug/mailroom" timeout --kill-after=60 "$faults_timeout" \
+      "$target_dir/debug/mailroom-bench" faults \
       --quick --store both --postgres-url "$MAILROOM_TEST_POSTGRES_URL" || faults_rc=$?
+    ((faults_rc != 124)) || mr_log "fault matrix: timed out after ${faults_timeout}s"
   fi
   mr_log "fault matrix finished (exit $faults_rc) in $(mr_since "$t")"
   ((rc != 0)) || rc=$faults_rc

@@ -48,9 +48,17 @@ impl Running {
         while self.tasks.join_next().await.is_some() {}
     }
 
-    /// Waits for bounded clients to send all their events.
-    pub async fn finish(mut self) {
-        while self.tasks.join_next().await.is_some() {}
+    /// Waits for bounded clients to send all their events, or fails after
+    /// `limit` (a client retries each event until it is acked: a server
+    /// that never acks again would hold it forever).
+    pub async fn finish(mut self, limit: Duration) -> anyhow::Result<()> {
+        let all = async { while self.tasks.join_next().await.is_some() {} };
+        tokio::time::timeout(limit, all).await.map_err(|_| {
+            anyhow::anyhow!(
+                "the load did not get all its events acked within {} s",
+                limit.as_secs()
+            )
+        })
     }
 }
 

@@ -22,6 +22,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 pub use scenarios::ALL;
+use scenarios::Scenario;
 
 /// What the command was asked.
 #[derive(Debug, Clone)]
@@ -83,8 +84,10 @@ impl Report {
     }
 }
 
-/// Runs the matrix; non-zero exit if any row failed.
+/// Runs the matrix; non-zero exit if any row failed (or on SIGTERM/SIGINT,
+/// after stopping the scenario running and printing the rows so far).
 pub async fn run(s: &Settings) -> anyhow::Result<ExitCode> {
+    let mut interrupts = Interrupts::install()?;
     let mut reports = Vec::new();
     for backend in &s.stores {
         for sc in ALL {
@@ -95,16 +98,18 @@ pub async fn run(s: &Settings) -> anyhow::Result<ExitCode> {
                 continue;
             }
             eprintln!("faults: {} on {} ...", sc.name, backend.name());
-            let report = match (sc.run)(s.quick, backend.clone()).await {
-                Ok(r) => r,
-                Err(e) => errored(sc.name, backend, &e),
+            let report = tokio::select! {
+                r = run_one(sc, s.quick, backend) => r,
+                signal = interrupts.next() => {
+                    // Dropping the scenario kills its children and stops its
+                    // private servers: a SIGKILL would leave them running.
+                    eprintln!("faults: {signal} during {} on {}: stopped", sc.name, backend.name());
+                    print_table(&reports);
+                    return Ok(ExitCode::FAILURE);
+                }
             };
-            eprintln!(
-                "faults: {} on {}: {}",
-                sc.name,
-                backend.name(),
-                verdict_word(&report)
-            );
+            let word = verdict_word(&report);
+            eprintln!("faults: {} on {}: {word}", sc.name, backend.name());
             reports.push(report);
         }
     }
@@ -116,6 +121,55 @@ pub async fn run(s: &Settings) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         },
     )
+}
+
+/// One scenario's row: its own, or a failed one when it errs or outlives
+/// its deadline (then it is dropped: its processes killed, its private
+/// servers stopped).
+async fn run_one(sc: &Scenario, quick: bool, backend: &Backend) -> Report {
+    let limit = deadline(quick);
+    match tokio::time::timeout(limit, (sc.run)(quick, backend.clone())).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => errored(sc.name, backend, &e),
+        Err(_) => {
+            let e = anyhow::anyhow!("timed out after {} s", limit.as_secs());
+            errored(sc.name, backend, &e)
+        }
+    }
+}
+
+/// How long one scenario may run before it is a failed row. The slowest
+/// quick scenario takes about a minute on a loaded 2-core host (`rabbitmq`:
+/// a broker started twice); every wait inside a scenario has its own
+/// bound, this one catches what they miss, so a scenario never hangs the
+/// matrix.
+fn deadline(quick: bool) -> Duration {
+    Duration::from_secs(if quick { 240 } else { 600 })
+}
+
+/// SIGTERM and SIGINT (`timeout` in scripts/test.sh, Ctrl-C), caught for
+/// the whole run so that none is missed between two scenarios.
+struct Interrupts {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Resolves on the next signal, naming it.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// A scenario that could not run to its check fails with the reason.

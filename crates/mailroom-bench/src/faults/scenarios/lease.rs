@@ -5,7 +5,7 @@
 //! (409) and change nothing. A late ack that is accepted shows up as two
 //! overlapping successful runs of one event (a duplicate).
 
-use super::World;
+use super::{World, join_all};
 use crate::backend::Backend;
 use crate::faults::Report;
 use crate::faults::check::Expect;
@@ -50,13 +50,14 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         let (base, rec, stop) = (serve.base.clone(), world.rec.clone(), stop.clone());
         workers.spawn(async move { worker(w, &base, &rec, &stop).await });
     }
-    load.start(&targets, &world.rec).finish().await;
+    let load = load.start(&targets, &world.rec);
+    load.finish(Duration::from_secs(120)).await?;
     let drained =
         store::settle(&world.fresh.url, store::all_final, Duration::from_secs(60)).await?;
     // Let the last hung workers deliver their late acks.
     tokio::time::sleep(HANG).await;
     stop.store(true, Ordering::SeqCst);
-    while workers.join_next().await.is_some() {}
+    join_all(workers, Duration::from_secs(30), "the pull workers").await?;
     serve.signal_term()?;
     serve.wait_exit(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&Expect::default()).await?;

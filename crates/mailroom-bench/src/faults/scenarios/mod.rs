@@ -234,6 +234,44 @@ pub async fn stop_and_drain(
     })
 }
 
+/// A spawned task aborted when dropped, so that a scenario dropped at its
+/// deadline leaves nothing running, and joined within a time limit.
+pub struct Task<T>(tokio::task::JoinHandle<T>);
+
+impl<T: Send + 'static> Task<T> {
+    pub fn spawn(f: impl Future<Output = T> + Send + 'static) -> Self {
+        Self(tokio::spawn(f))
+    }
+
+    /// Its result, or an error naming `what` when it runs past `limit`
+    /// (then it is aborted).
+    pub async fn join(mut self, limit: Duration, what: &str) -> anyhow::Result<T> {
+        match tokio::time::timeout(limit, &mut self.0).await {
+            Ok(r) => Ok(r?),
+            Err(_) => anyhow::bail!("{what} did not end within {} s", limit.as_secs()),
+        }
+    }
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits for every task of `set`, or fails naming `what` after `limit`
+/// (the rest are aborted with the set).
+pub async fn join_all<T: 'static>(
+    mut set: tokio::task::JoinSet<T>,
+    limit: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let all = async { while set.join_next().await.is_some() {} };
+    tokio::time::timeout(limit, all)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} did not end within {} s", limit.as_secs()))
+}
+
 /// The sequential topics of `two_topics`.
 pub fn seq_expect() -> Expect {
     Expect {
@@ -251,4 +289,62 @@ pub fn recovery(record: &Record, faults: &[Duration]) -> Option<Duration> {
             Some(next - *f)
         })
         .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Task, join_all};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A task that never ends, holding `held` until it is dropped.
+    async fn forever(held: Arc<()>) {
+        let _held = held;
+        std::future::pending::<()>().await;
+    }
+
+    /// Lets the runtime drop what an abort released.
+    async fn settle(held: &Arc<()>) -> usize {
+        for _ in 0..100 {
+            if Arc::strong_count(held) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Arc::strong_count(held)
+    }
+
+    #[tokio::test]
+    async fn a_task_past_its_limit_is_an_error_and_is_aborted() {
+        let held = Arc::new(());
+        let task = Task::spawn(forever(held.clone()));
+        let e = task
+            .join(Duration::from_millis(50), "the publisher")
+            .await
+            .unwrap_err();
+        assert_eq!(e.to_string(), "the publisher did not end within 0 s");
+        assert_eq!(settle(&held).await, 1, "the task still runs");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_task_is_aborted_and_a_finished_one_joins() {
+        let held = Arc::new(());
+        drop(Task::spawn(forever(held.clone())));
+        assert_eq!(settle(&held).await, 1, "the task still runs");
+        let done = Task::spawn(async { 7 });
+        assert_eq!(done.join(Duration::from_secs(5), "x").await.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn join_all_fails_on_a_task_that_never_ends() {
+        let held = Arc::new(());
+        let mut set = tokio::task::JoinSet::new();
+        set.spawn(async {});
+        set.spawn(forever(held.clone()));
+        let e = join_all(set, Duration::from_millis(50), "the storm's deliveries")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("did not end within"), "{e}");
+        assert_eq!(settle(&held).await, 1, "the task still runs");
+    }
 }

@@ -6,6 +6,7 @@
 //! blocks only itself.
 
 use super::poison::{BLOCKED_KEY, MAX_ATTEMPTS, dead_rows};
+use super::{Task, join_all};
 use crate::backend::Backend;
 use crate::faults::Report;
 use crate::faults::check::{self, Expect, Row};
@@ -163,7 +164,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         .build()?;
     let _quiet = QuietPanics::install();
     let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
+    let running = Task::spawn({
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
         async move { engine.run(shutdown).await }
     });
@@ -173,10 +174,12 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
             producers.spawn(produce(engine.clone(), rec.clone(), topic, c, per_client));
         }
     }
-    while producers.join_next().await.is_some() {}
+    join_all(producers, Duration::from_secs(120), "the producers").await?;
     let drained = store::settle(&fresh.url, settled, Duration::from_secs(60)).await?;
     shutdown.cancel();
-    running.await?;
+    running
+        .join(Duration::from_secs(30), "the engine, after its shutdown,")
+        .await?;
     let rows = store::rows(&fresh.url).await?;
     let record = rec.snapshot();
     let verdict = check::check(&record, &rows, &expect(per_client));

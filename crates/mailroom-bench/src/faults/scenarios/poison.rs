@@ -160,7 +160,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         .map(|l| l.start(&targets, &world.rec))
         .collect();
     for r in running {
-        r.finish().await;
+        r.finish(Duration::from_secs(120)).await?;
     }
     let drained = store::settle(&world.fresh.url, settled, Duration::from_secs(60)).await?;
     let (classes, expect) = poisoned(per_client);

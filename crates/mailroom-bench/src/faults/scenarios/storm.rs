@@ -2,7 +2,7 @@
 //! over the instances on PostgreSQL): one event per id, exactly one answer
 //! `"duplicate": false` per id, each event processed once.
 
-use super::{World, two_topics};
+use super::{World, join_all, two_topics};
 use crate::backend::Backend;
 use crate::faults::Report;
 use crate::faults::check::{Expect, Row};
@@ -34,7 +34,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         serves.push(world.serve().await?);
     }
     let targets = targets(serves.iter().map(|s| s.base.clone()).collect());
-    storm(&world, &targets, copies).await;
+    storm(&world, &targets, copies).await?;
     let drained =
         store::settle(&world.fresh.url, store::all_final, Duration::from_secs(60)).await?;
     for s in &mut serves {
@@ -62,7 +62,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
 
 /// `copies` deliveries of each of the `IDS` ids, `IN_FLIGHT` at once, in
 /// copy-major order: every id is in flight many times at once.
-async fn storm(world: &World, targets: &Targets, copies: usize) {
+async fn storm(world: &World, targets: &Targets, copies: usize) -> anyhow::Result<()> {
     let gate = Arc::new(Semaphore::new(IN_FLIGHT));
     let stop = Arc::new(AtomicBool::new(false));
     let client = http();
@@ -93,7 +93,7 @@ async fn storm(world: &World, targets: &Targets, copies: usize) {
             }
         });
     }
-    while tasks.join_next().await.is_some() {}
+    join_all(tasks, Duration::from_secs(300), "the storm's deliveries").await
 }
 
 /// The storm's own checks: one event per id, one `"duplicate": false`

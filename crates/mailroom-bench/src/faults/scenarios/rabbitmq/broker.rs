@@ -21,15 +21,39 @@ pub struct Node {
     pub url: String,
 }
 
+/// How long one broker operation (connect, open a channel, publish, a
+/// confirm, an ack, close) may take before the client gives up on the
+/// connection: lapin's futures have no limit of their own, and a broker
+/// going away mid-operation must not hold a load forever.
+const BROKER_OP: Duration = Duration::from_secs(10);
+
+/// `fut`, or `None` once it has taken `BROKER_OP`.
+async fn within<T>(fut: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(BROKER_OP, fut).await.ok()
+}
+
+/// The most `rabbit-node.sh` may take: a start waits up to 60 s for the
+/// AMQP handshake (`MR_START_TIMEOUT`), a restart tries up to 3 launches.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(150);
+
 async fn node(verb: &'static str, dir: PathBuf) -> anyhow::Result<String> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/rabbit-node.sh");
-    let out = tokio::process::Command::new("bash")
+    let run = tokio::process::Command::new("bash")
         .arg(&script)
         .arg(verb)
         .arg(&dir)
+        .env("MR_START_TIMEOUT", "60")
         .stdin(std::process::Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(SCRIPT_LIMIT, run)
         .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "rabbit-node.sh {verb} did not finish within {} s",
+                SCRIPT_LIMIT.as_secs()
+            )
+        })?
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!(
@@ -88,7 +112,8 @@ impl Drop for Node {
 
 async fn connect(url: &str, stop: &AtomicBool) -> Option<Connection> {
     while !stop.load(Ordering::SeqCst) {
-        if let Ok(c) = Connection::connect(url, ConnectionProperties::default()).await {
+        let connecting = Connection::connect(url, ConnectionProperties::default());
+        if let Some(Ok(c)) = within(connecting).await {
             return Some(c);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -108,14 +133,11 @@ pub async fn publish(
 ) -> (Vec<String>, u64) {
     let (mut confirmed, mut sent, mut i) = (Vec::new(), 0u64, 0u64);
     'connect: while let Some(conn) = connect(&url, &stop).await {
-        let Ok(ch) = conn.create_channel().await else {
+        let Some(Ok(ch)) = within(conn.create_channel()).await else {
             continue;
         };
-        if ch
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .is_err()
-        {
+        let confirming = ch.confirm_select(ConfirmSelectOptions::default());
+        if !matches!(within(confirming).await, Some(Ok(()))) {
             continue;
         }
         while !stop.load(Ordering::SeqCst) {
@@ -130,23 +152,23 @@ pub async fn publish(
                 mandatory: true,
                 immediate: false,
             };
-            let Ok(confirm) = ch
-                .basic_publish("".into(), queue.into(), options, body.as_bytes(), props)
-                .await
-            else {
+            let publishing =
+                ch.basic_publish("".into(), queue.into(), options, body.as_bytes(), props);
+            let Some(Ok(confirm)) = within(publishing).await else {
                 continue 'connect;
             };
-            match confirm.await {
-                Ok(Confirmation::Ack(None)) => {
+            match within(confirm).await {
+                Some(Ok(Confirmation::Ack(None))) => {
                     confirmed.push(id);
                     i += 1;
                 }
-                // Nacked or returned: sent again (same id) on a new channel.
-                Ok(_) | Err(_) => continue 'connect,
+                // Nacked, returned or unanswered: sent again (same id) on a
+                // new connection.
+                _ => continue 'connect,
             }
             tokio::time::sleep(pause).await;
         }
-        let _ = conn.close(200, "OK".into()).await;
+        let _ = within(conn.close(200, "OK".into())).await;
         break;
     }
     (confirmed, sent)
@@ -171,18 +193,16 @@ pub async fn count(
     stop: Arc<AtomicBool>,
 ) {
     while let Some(conn) = connect(&url, &stop).await {
-        let Ok(ch) = conn.create_channel().await else {
+        let Some(Ok(ch)) = within(conn.create_channel()).await else {
             continue;
         };
-        let Ok(mut consumer) = ch
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                Default::default(),
-            )
-            .await
-        else {
+        let consuming = ch.basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        );
+        let Some(Ok(mut consumer)) = within(consuming).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
@@ -209,9 +229,14 @@ pub async fn count(
                 }
                 g.at.push(Instant::now());
             }
-            let _ = delivery.ack(BasicAckOptions::default()).await;
+            if !matches!(
+                within(delivery.ack(BasicAckOptions::default())).await,
+                Some(Ok(_))
+            ) {
+                break;
+            }
         }
-        let _ = conn.close(200, "OK".into()).await;
+        let _ = within(conn.close(200, "OK".into())).await;
         if stop.load(Ordering::SeqCst) {
             return;
         }
@@ -220,6 +245,12 @@ pub async fn count(
 
 /// `(ready messages, consumers)` of `queue` (a passive declare).
 pub async fn depth(url: &str, queue: &str) -> anyhow::Result<(u32, u32)> {
+    within(depth_unbounded(url, queue))
+        .await
+        .context("no answer from the broker")?
+}
+
+async fn depth_unbounded(url: &str, queue: &str) -> anyhow::Result<(u32, u32)> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     let options = lapin::options::QueueDeclareOptions {

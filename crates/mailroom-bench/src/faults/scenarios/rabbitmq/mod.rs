@@ -13,7 +13,7 @@
 
 mod broker;
 
-use super::{World, recovery};
+use super::{Task, World, recovery};
 use crate::backend::Backend;
 use crate::faults::check::{self, Expect, Row};
 use crate::faults::record::Record;
@@ -133,9 +133,9 @@ struct Loads {
     /// The counting consumer runs on after the load, through the drain.
     stop_counting: Arc<AtomicBool>,
     received: Arc<Mutex<Received>>,
-    publisher: tokio::task::JoinHandle<(Vec<String>, u64)>,
-    relay: tokio::task::JoinHandle<u64>,
-    counter: tokio::task::JoinHandle<()>,
+    publisher: Task<(Vec<String>, u64)>,
+    relay: Task<u64>,
+    counter: Task<()>,
 }
 
 /// What the loads did, after the drain.
@@ -157,25 +157,28 @@ impl Loads {
         let received = Arc::new(Mutex::new(Received::default()));
         let url = amqp.to_owned();
         Self {
-            publisher: tokio::spawn(broker::publish(url.clone(), IN_QUEUE, PAUSE, stop.clone())),
-            counter: tokio::spawn(broker::count(
+            publisher: Task::spawn(broker::publish(url.clone(), IN_QUEUE, PAUSE, stop.clone())),
+            counter: Task::spawn(broker::count(
                 url,
                 OUT_QUEUE,
                 received.clone(),
                 stop_counting.clone(),
             )),
-            relay: tokio::spawn(relay_load(base.to_owned(), rec.clone(), stop.clone())),
+            relay: Task::spawn(relay_load(base.to_owned(), rec.clone(), stop.clone())),
             stop,
             stop_counting,
             received,
         }
     }
 
-    /// Stops the loads, waits for the drain, then stops counting.
+    /// Stops the loads, waits for the drain, then stops counting. Each
+    /// load ends within a broker operation's or an HTTP request's time
+    /// limit of being told to stop; one that does not is an error.
     async fn finish(self, world: &World) -> anyhow::Result<Done> {
         self.stop.store(true, Ordering::SeqCst);
-        let (confirmed, published) = self.publisher.await?;
-        let relay_sent = self.relay.await?;
+        let limit = Duration::from_secs(45);
+        let (confirmed, published) = self.publisher.join(limit, "the AMQP publisher").await?;
+        let relay_sent = self.relay.join(limit, "the relay's API client").await?;
         let acked: HashSet<String> = world
             .rec
             .lock()
@@ -185,7 +188,8 @@ impl Loads {
             .collect();
         let drained = drain(world, &confirmed, &acked, &self.received).await?;
         self.stop_counting.store(true, Ordering::SeqCst);
-        self.counter.await?;
+        let counter = self.counter.join(limit, "the relay queue's consumer");
+        counter.await?;
         let received = self
             .received
             .lock()
@@ -232,7 +236,10 @@ async fn relay_load(
                 .body(body.clone())
                 .send()
                 .await;
-            let Ok(answer) = answer else { continue };
+            let Ok(answer) = answer else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
             let status = answer.status().as_u16();
             let bytes = answer.bytes().await.unwrap_or_default();
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
