@@ -6,7 +6,11 @@
 //! `--topics` pull topics (nothing drains them), the real router on
 //! `127.0.0.1:0`, and sequential GETs over one keep-alive connection, timed
 //! from request to the whole body. Intake is `Engine::enqueue` from
-//! `--concurrency` tasks for `--intake` without, then with, the poller.
+//! `--concurrency` tasks for `--intake` windows, without and with the
+//! poller in alternating order over `--rounds` (alone then polled, polled
+//! then alone, ...), so a drift of the machine's load or of the store's
+//! size over the run weighs on both sides alike; the verdict is the median
+//! of the rounds' polled/alone ratios.
 
 use crate::backend::Backend;
 use crate::stats::{Latencies, fmt_ms};
@@ -30,6 +34,23 @@ pub struct Settings {
     pub requests: u32,
     pub intake: Duration,
     pub concurrency: usize,
+    pub rounds: u32,
+}
+
+/// One round's intake windows, events per second.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct IntakeRound {
+    pub alone_per_s: f64,
+    pub polled_per_s: f64,
+    /// Whether the polled window ran first in this round.
+    pub polled_first: bool,
+}
+
+impl IntakeRound {
+    /// Polled over alone: 1.0 means the poller cost nothing.
+    pub fn ratio(&self) -> f64 {
+        self.polled_per_s / self.alone_per_s
+    }
 }
 
 /// One page's answer times.
@@ -48,8 +69,9 @@ pub struct Report {
     pub events: u64,
     pub preload_s: f64,
     pub pages: Vec<PageTimes>,
-    pub intake_per_s: f64,
-    pub intake_polled_per_s: f64,
+    pub intake: Vec<IntakeRound>,
+    /// Median of the rounds' polled/alone ratios.
+    pub polled_over_alone: f64,
 }
 
 fn topic(i: u64, topics: u32) -> String {
@@ -81,14 +103,15 @@ pub async fn run(s: &Settings, backend: &Backend) -> anyhow::Result<Report> {
     let _ = server.await;
     opened.close().await;
     fresh.cleanup().await?;
-    let (pages, (intake, polled)) = result?;
+    let (pages, intake) = result?;
+    let ratios: Vec<f64> = intake.iter().map(IntakeRound::ratio).collect();
     Ok(Report {
         store: backend.name(),
         events: s.events,
         preload_s: preload.as_secs_f64(),
         pages,
-        intake_per_s: intake,
-        intake_polled_per_s: polled,
+        intake,
+        polled_over_alone: crate::drain::median(ratios).unwrap_or(f64::NAN),
     })
 }
 
@@ -96,14 +119,28 @@ async fn measure(
     s: &Settings,
     engine: &Engine,
     addr: SocketAddr,
-) -> anyhow::Result<(Vec<PageTimes>, (f64, f64))> {
+) -> anyhow::Result<(Vec<PageTimes>, Vec<IntakeRound>)> {
     let mut pages = Vec::new();
     for path in ["/", "/ui/topics/t0", "/ui/dead"] {
         pages.push(time_page(addr, path, s.requests).await?);
     }
-    let plain = intake_rate(engine, s, None).await?;
-    let polled = intake_rate(engine, s, Some(addr)).await?;
-    Ok((pages, (plain, polled)))
+    let mut rounds = Vec::new();
+    for r in 0..s.rounds.max(1) {
+        let polled_first = r % 2 == 1;
+        let (alone_per_s, polled_per_s) = if polled_first {
+            let polled = intake_rate(engine, s, Some(addr)).await?;
+            (intake_rate(engine, s, None).await?, polled)
+        } else {
+            let alone = intake_rate(engine, s, None).await?;
+            (alone, intake_rate(engine, s, Some(addr)).await?)
+        };
+        rounds.push(IntakeRound {
+            alone_per_s,
+            polled_per_s,
+            polled_first,
+        });
+    }
+    Ok((pages, rounds))
 }
 
 /// `requests` GETs of `path` after a few unmeasured ones.
@@ -247,11 +284,24 @@ pub fn print(r: &Report) {
             fmt_ms(p.max_ms)
         );
     }
-    let cost = 1.0 - r.intake_polled_per_s / r.intake_per_s;
+    println!("intake, alone and with the overview polled once a second:");
+    for (i, round) in r.intake.iter().enumerate() {
+        println!(
+            "  round {}: {:.0}/s alone, {:.0}/s polled ({}), polled/alone {:.3}",
+            i + 1,
+            round.alone_per_s,
+            round.polled_per_s,
+            if round.polled_first {
+                "polled first"
+            } else {
+                "alone first"
+            },
+            round.ratio()
+        );
+    }
     println!(
-        "intake: {:.0}/s alone, {:.0}/s with the overview polled once a second ({:+.1} %)",
-        r.intake_per_s,
-        r.intake_polled_per_s,
-        -cost * 100.0
+        "  median polled/alone {:.3} ({:+.1} %)",
+        r.polled_over_alone,
+        (r.polled_over_alone - 1.0) * 100.0
     );
 }

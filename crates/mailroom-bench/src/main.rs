@@ -219,9 +219,12 @@ struct DashboardArgs {
     /// Timed requests per page.
     #[arg(long, default_value_t = 100)]
     requests: u32,
-    /// Intake window, without and then with the poller.
+    /// Each intake window (one without and one with the poller per round).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     intake: Duration,
+    /// Intake rounds, alternating which window runs first.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
     /// Concurrent enqueues (preload and intake).
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
@@ -609,6 +612,7 @@ async fn run_dashboard(a: DashboardArgs) -> anyhow::Result<ExitCode> {
         requests: a.requests.max(1),
         intake: a.intake,
         concurrency: a.concurrency.max(1),
+        rounds: a.rounds.max(1),
     };
     let r = dashboard::run(&s, &a.store).await?;
     if a.json {
