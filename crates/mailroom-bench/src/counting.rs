@@ -208,31 +208,13 @@ impl Store for CountingStore {
         self.inner.fold_counters().await
     }
 
-    async fn take_tokens(
-        &self,
-        topic: &str,
-        rate: mailroom::Rate,
-        want: u32,
-    ) -> mailroom::Result<mailroom::Grant> {
-        self.inner.take_tokens(topic, rate, want).await
-    }
-
-    async fn give_back_tokens(
-        &self,
-        topic: &str,
-        rate: mailroom::Rate,
-        n: u32,
-    ) -> mailroom::Result<()> {
-        self.inner.give_back_tokens(topic, rate, n).await
-    }
-
-    async fn claim_capped(
+    async fn claim_limited(
         &self,
         req: &ClaimRequest,
-        max: u32,
-    ) -> mailroom::Result<(Vec<Claimed>, bool)> {
+        limits: mailroom::ClaimLimits,
+    ) -> mailroom::Result<mailroom::LimitedClaim> {
         bump(&self.calls.claims, 1);
-        self.inner.claim_capped(req, max).await
+        self.inner.claim_limited(req, limits).await
     }
 
     async fn pause_topic(

@@ -45,8 +45,8 @@ pub use mode::{BatchError, BatchSettings, Mode, OnDead};
 pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use store::{
-    ClaimRequest, EventSearch, Inserted, KeyCursor, ListFilter, Page, PurgeReport, ReplayReport,
-    Retention, Store, Throughput, TopicStats, TopicStream, expiry_reason, pause_notice,
-    paused_topic,
+    ClaimLimits, ClaimRequest, EventSearch, Inserted, KeyCursor, LimitedClaim, ListFilter, Page,
+    PurgeReport, ReplayReport, Retention, Store, Throughput, TopicStats, TopicStream,
+    expiry_reason, pause_notice, paused_topic,
 };
 pub use trace::TraceParent;

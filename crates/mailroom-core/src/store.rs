@@ -7,7 +7,7 @@ use crate::alert::AttemptWindow;
 use crate::error::Result;
 use crate::event::{Event, EventId, NewEvent, Status};
 use crate::lease::{Claimed, FencingToken};
-use crate::limit::{Grant, Rate};
+use crate::limit::Rate;
 use crate::mode::OnDead;
 use crate::outcome::Completion;
 use jiff::Timestamp;
@@ -21,6 +21,36 @@ pub struct Inserted {
     pub id: EventId,
     /// `true` when the (source, dedup key) was already stored; nothing changed.
     pub duplicate: bool,
+}
+
+/// A topic's scheduling limits as a claim meets them
+/// ([`Store::claim_limited`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClaimLimits {
+    /// Attempts started per period, from the topic's shared budget.
+    pub rate: Option<Rate>,
+    /// The most events of the topic running at once.
+    pub max_running: Option<u32>,
+}
+
+/// What a claim within a topic's limits gave.
+#[derive(Debug)]
+pub enum LimitedClaim {
+    /// The claim was made.
+    Claimed {
+        /// The events claimed, at most `asked`.
+        claimed: Vec<Claimed>,
+        /// What was asked of the backlog: the request's `max`, lowered to
+        /// the rate's grant, then to the tokens granted and to the
+        /// `max_running` room when that room is not zero.
+        asked: u32,
+        /// The `max_running` room was less than the request lowered to the
+        /// grant: the cap, rather than the backlog, may have cut the claim
+        /// short.
+        capped: bool,
+    },
+    /// The rate budget is empty: nothing may start for this long.
+    Wait(Duration),
 }
 
 /// Which events a claim may take.
@@ -392,27 +422,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     // Scheduling limits (SPEC §13), called only for topics that set them.
 
-    /// Takes up to `want` tokens from `topic`'s rate budget (see
-    /// [`crate::limit`]): one budget for every process sharing the store,
-    /// refilled at `rate` on the store's clock and holding at most one
-    /// [`Rate::grant`]. Nothing granted comes with how long to wait.
-    async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant>;
-
-    /// Gives back `n` tokens taken by [`take_tokens`](Store::take_tokens)
-    /// but not used (the claim came back short); the budget stays within
-    /// one grant.
-    async fn give_back_tokens(&self, topic: &str, rate: Rate, n: u32) -> Result<()>;
-
-    /// [`claim`](Store::claim), taking only as many events as keep `req.topic`'s
-    /// `running` events at most `max_running`, counted over every process
-    /// the backend lets share it: two concurrent calls never both fill the
-    /// same room. The flag says whether the room was less than `req.max`
-    /// (the cap, rather than the backlog, may have cut the claim short).
-    async fn claim_capped(
-        &self,
-        req: &ClaimRequest,
-        max_running: u32,
-    ) -> Result<(Vec<Claimed>, bool)>;
+    /// [`claim`](Store::claim) within `req.topic`'s `limits`:
+    ///
+    /// - `max_running`: only as many events as keep the topic's `running`
+    ///   events at most that many, counted over every process the backend
+    ///   lets share it; two concurrent calls never fill the same room.
+    /// - `rate`: the tokens come from the topic's rate budget (see
+    ///   [`crate::limit`]: one budget for every process sharing the store,
+    ///   refilled on the store's clock, holding at most one
+    ///   [`Rate::grant`]), at most one grant per call, in the same step as
+    ///   the claim: tokens are spent only for events claimed, and claims
+    ///   stamped (`lease_until` less the lease) in any window of the rate's
+    ///   period number at most the rate plus one grant.
+    ///
+    /// An empty budget answers [`LimitedClaim::Wait`] and claims nothing.
+    async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim>;
 
     /// Pauses claims of `topic` until `pause` from now (store clock), or
     /// later if already paused longer; returns when the pause ends. Processes

@@ -7,9 +7,9 @@ use crate::sql::{self, db};
 use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
-    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch, FencingToken,
-    Grant, Inserted, ListFilter, NewEvent, OnDead, Page, PurgeReport, Rate, ReplayReport, Result,
-    Retention, Store, Throughput, TopicStats, TopicStream,
+    AttemptWindow, ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch,
+    FencingToken, Inserted, LimitedClaim, ListFilter, NewEvent, OnDead, Page, PurgeReport,
+    ReplayReport, Result, Retention, Store, Throughput, TopicStats, TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -47,10 +47,11 @@ struct Inner {
     /// [`sql::SEQUENTIAL_WINDOW`], before looking up heads key by key, and
     /// keyless events once [`RESCAN`] has passed.
     sparse: Mutex<HashMap<String, Instant>>,
-    /// One `max_running` claim per topic at a time in this process, so
-    /// waiting for the topic's advisory lock holds one pool connection,
-    /// not one per caller (the holder needs another for its claim).
-    capped: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One limited claim per topic at a time in this process, so waiting
+    /// for the topic's locks (`max_running`'s advisory lock, the rate
+    /// budget's row) holds one pool connection, not one per caller (the
+    /// holder needs another for its claim).
+    limited: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// When each topic's claims last raised the events that waited
     /// `max_wait_for_priority` ([`sql::raise_waiting`]).
     raised: Mutex<HashMap<String, Instant>>,
@@ -104,7 +105,7 @@ impl PostgresStore {
                 listener,
                 floors: Floors::default(),
                 sparse: Mutex::default(),
-                capped: Mutex::default(),
+                limited: Mutex::default(),
                 raised: Mutex::default(),
             }),
         })
@@ -164,6 +165,16 @@ impl PostgresStore {
             sparse().remove(&req.topic);
         }
         Ok(claimed)
+    }
+
+    /// This process's turn at `topic`'s limited claims (see `limited`).
+    fn limited_turn(&self, topic: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut limited = self
+            .inner
+            .limited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        limited.entry(topic.to_owned()).or_default().clone()
     }
 
     /// How far the next sequential claim of `topic` walks (see `sparse`).
@@ -298,54 +309,74 @@ impl Store for PostgresStore {
         sql::fold_counters(self.pool_ref()).await
     }
 
-    async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant> {
-        sql::take_tokens(self.pool_ref(), topic, rate, want).await
-    }
-
-    async fn give_back_tokens(&self, topic: &str, rate: Rate, n: u32) -> Result<()> {
-        sql::give_back_tokens(self.pool_ref(), topic, rate, n).await
-    }
-
-    /// Counts the topic's running events and claims into the room left
-    /// while holding the topic's advisory lock in a transaction, which ends
-    /// only after the claim committed: the next instance counts it. Only
-    /// claims end the lock's reason to exist (completions and rescue only
-    /// lower the count), so nothing else takes it. Dropped midway, the
-    /// transaction rolls back and the lock goes with it.
-    async fn claim_capped(
-        &self,
-        req: &ClaimRequest,
-        max_running: u32,
-    ) -> Result<(Vec<Claimed>, bool)> {
-        const CTX: &str = "claiming under max_running";
-        let turn = {
-            let mut capped = self
-                .inner
-                .capped
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            capped.entry(req.topic.clone()).or_default().clone()
-        };
+    /// One transaction per claim, which ends only after the claim
+    /// committed: under `max_running`, the topic's advisory lock, then the
+    /// count of its running events, so the next instance counts this
+    /// claim; with a `rate`, the budget's row, locked from the take until
+    /// the claim's stamp has settled the tokens
+    /// ([`sql::settle_tokens`]), so grants and claims alternate across
+    /// instances. The claim itself runs on its own connection(s). Dropped
+    /// midway, the transaction rolls back and the locks go with it (and the
+    /// tokens return to the budget).
+    async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
+        const CTX: &str = "claiming within limits";
+        let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
+        let turn = self.limited_turn(&req.topic);
         let _turn = turn.lock().await;
         let mut tx = self.pool_ref().begin().await.map_err(db(CTX))?;
-        let running = sql::lock_and_count_running(&mut tx, &req.topic).await?;
-        let room = max_running.saturating_sub(running);
-        let capped = room < req.max;
-        let room = room.min(req.max);
-        let claimed = if room == 0 {
-            Vec::new()
-        } else {
-            let capped = ClaimRequest {
-                max: room,
-                ..req.clone()
-            };
-            self.claim(&capped).await?
+        let room = match limits.max_running {
+            Some(max) => {
+                max.saturating_sub(sql::lock_and_count_running(&mut tx, &req.topic).await?)
+            }
+            None => want,
         };
-        // The claim is committed: ending the transaction only frees the lock.
-        if let Err(e) = tx.commit().await {
-            tracing::warn!(error = %e, topic = %req.topic, "releasing the max_running lock failed");
+        let capped = room < want;
+        if room == 0 || want == 0 {
+            tx.commit().await.map_err(db(CTX))?;
+            let claimed = Vec::new();
+            return Ok(LimitedClaim::Claimed {
+                claimed,
+                asked: want,
+                capped,
+            });
         }
-        Ok((claimed, capped))
+        let asked = match limits.rate {
+            Some(rate) => {
+                let grant = sql::take_tokens(&mut tx, &req.topic, rate, want.min(room)).await?;
+                if grant.granted == 0 {
+                    tx.commit().await.map_err(db(CTX))?;
+                    return Ok(LimitedClaim::Wait(grant.wait));
+                }
+                grant.granted
+            }
+            None => want.min(room),
+        };
+        let claimed = self
+            .claim(&ClaimRequest {
+                max: asked,
+                ..req.clone()
+            })
+            .await?;
+        if let Some(rate) = limits.rate {
+            let used = u32::try_from(claimed.len()).unwrap_or(asked);
+            let at = claimed.iter().map(|c| c.lease_until).min().map(|until| {
+                Timestamp::from_microsecond(until.as_microsecond() - sql::micros(req.lease))
+                    .unwrap_or(until)
+            });
+            // The claim is committed: a failure here leaves its events
+            // claimed, and the budget as it was before the take.
+            if let Err(e) = sql::settle_tokens(&mut tx, &req.topic, rate, asked, used, at).await {
+                tracing::warn!(error = %e, topic = %req.topic, "spending rate tokens failed");
+            }
+        }
+        if let Err(e) = tx.commit().await {
+            tracing::warn!(error = %e, topic = %req.topic, "ending a limited claim's transaction failed");
+        }
+        Ok(LimitedClaim::Claimed {
+            claimed,
+            asked,
+            capped,
+        })
     }
 
     async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp> {

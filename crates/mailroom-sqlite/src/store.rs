@@ -6,9 +6,9 @@ use crate::sql::{self, db, now_ms};
 use crate::writer::{WhenFull, Writer};
 use jiff::Timestamp;
 use mailroom_core::{
-    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch, FencingToken,
-    Grant, Inserted, ListFilter, NewEvent, Page, PurgeReport, Rate, ReplayReport, Result,
-    Retention, Store, StoreError, Throughput, TopicStats,
+    AttemptWindow, ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch,
+    FencingToken, Inserted, LimitedClaim, ListFilter, NewEvent, Page, PurgeReport, ReplayReport,
+    Result, Retention, Store, StoreError, Throughput, TopicStats,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
@@ -200,42 +200,62 @@ impl Store for SqliteStore {
         self.write(WhenFull::Wait, sql::prune_traffic).await
     }
 
-    async fn take_tokens(&self, topic: &str, rate: Rate, want: u32) -> Result<Grant> {
-        Ok(self.inner.limits.take(topic, rate, want))
-    }
-
-    async fn give_back_tokens(&self, topic: &str, rate: Rate, n: u32) -> Result<()> {
-        self.inner.limits.give_back(topic, rate, n);
-        Ok(())
-    }
-
-    /// Counts and claims in one writer transaction: SQLite's write lock
-    /// makes that atomic even for several processes on the file.
-    async fn claim_capped(
-        &self,
-        req: &ClaimRequest,
-        max_running: u32,
-    ) -> Result<(Vec<Claimed>, bool)> {
-        let req = req.clone();
+    /// Counts, takes tokens and claims in one writer transaction: SQLite's
+    /// write lock makes the count and claim atomic even for several
+    /// processes on the file, and the writer thread orders this process's
+    /// takes and claims alike (the rate budget is per process).
+    async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
+        let (req, inner) = (req.clone(), self.inner.clone());
         self.write(WhenFull::Wait, move |c, now| {
-            let running: i64 = c
-                .prepare_cached(
-                    "SELECT count(*) FROM events INDEXED BY events_running
-                     WHERE topic = ?1 AND status = 'running'",
-                )
-                .and_then(|mut st| st.query_row([&req.topic], |r| r.get(0)))
-                .map_err(db("counting running events"))?;
-            let running = u32::try_from(running).unwrap_or(u32::MAX);
-            let room = max_running.saturating_sub(running);
-            let capped = room < req.max;
-            if room == 0 {
-                return Ok((Vec::new(), capped));
-            }
-            let req = ClaimRequest {
-                max: room.min(req.max),
-                ..req
+            let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
+            let room = match limits.max_running {
+                Some(max) => max.saturating_sub(count_running(c, &req.topic)?),
+                None => want,
             };
-            Ok((sql::claim(c, &req, now)?, capped))
+            let capped = room < want;
+            if room == 0 || want == 0 {
+                let claimed = Vec::new();
+                return Ok(LimitedClaim::Claimed {
+                    claimed,
+                    asked: want,
+                    capped,
+                });
+            }
+            let Some(rate) = limits.rate else {
+                let req = ClaimRequest {
+                    max: want.min(room),
+                    ..req
+                };
+                let claimed = sql::claim(c, &req, now)?;
+                return Ok(LimitedClaim::Claimed {
+                    claimed,
+                    asked: req.max,
+                    capped,
+                });
+            };
+            let grant = inner.limits.take(&req.topic, rate, want.min(room));
+            if grant.granted == 0 {
+                return Ok(LimitedClaim::Wait(grant.wait));
+            }
+            let asked = grant.granted;
+            let claimed = sql::claim(
+                c,
+                &ClaimRequest {
+                    max: asked,
+                    ..req.clone()
+                },
+                now,
+            );
+            let used = claimed
+                .as_ref()
+                .map_or(0, |c| u32::try_from(c.len()).unwrap_or(asked));
+            // Tokens for events that were not there are not spent.
+            inner.limits.give_back(&req.topic, rate, asked - used);
+            Ok(LimitedClaim::Claimed {
+                claimed: claimed?,
+                asked,
+                capped,
+            })
         })
         .await
     }
@@ -346,4 +366,16 @@ impl Store for SqliteStore {
     async fn now(&self) -> Result<Timestamp> {
         Ok(Timestamp::now())
     }
+}
+
+/// `topic`'s running events, in the writer's transaction.
+fn count_running(c: &Connection, topic: &str) -> Result<u32> {
+    let running: i64 = c
+        .prepare_cached(
+            "SELECT count(*) FROM events INDEXED BY events_running
+             WHERE topic = ?1 AND status = 'running'",
+        )
+        .and_then(|mut st| st.query_row([topic], |r| r.get(0)))
+        .map_err(db("counting running events"))?;
+    Ok(u32::try_from(running).unwrap_or(u32::MAX))
 }

@@ -65,11 +65,11 @@ pub use engine::{
 // writer of a store) meets them; `mailroom-core`'s module tree stays there.
 pub use mailroom_core::{
     Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
-    BatchError, BatchSettings, ClaimRequest, Claimed, Completion, Delivery, Event, EventId,
-    EventSearch, FencingToken, Grant, Inserted, KeyCursor, ListFilter, Mode, NewEvent, OnDead,
-    Outcome, Page, ParseEventIdError, PurgeReport, Rate, RateError, ReplayReport, Result,
-    Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Throughput, Timestamp,
-    TopicStats, TopicStream,
+    BatchError, BatchSettings, ClaimLimits, ClaimRequest, Claimed, Completion, Delivery, Event,
+    EventId, EventSearch, FencingToken, Grant, Inserted, KeyCursor, LimitedClaim, ListFilter, Mode,
+    NewEvent, OnDead, Outcome, Page, ParseEventIdError, PurgeReport, Rate, RateError, ReplayReport,
+    Result, Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Throughput,
+    Timestamp, TopicStats, TopicStream,
 };
 pub use mailroom_core::{alert, duration, event, limit};
 pub use maintenance::AlertNotify;

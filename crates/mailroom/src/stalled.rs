@@ -1,9 +1,9 @@
 //! A fake [`Store`] for tests of what shutdown waits for.
 
 use mailroom_core::{
-    AttemptWindow, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Grant,
-    Inserted, ListFilter, NewEvent, Page, PurgeReport, Rate, ReplayReport, Retention, Store,
-    StoreError, Timestamp, TopicStats,
+    AttemptWindow, ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken,
+    Inserted, LimitedClaim, ListFilter, NewEvent, Page, PurgeReport, ReplayReport, Retention,
+    Store, StoreError, Timestamp, TopicStats,
 };
 use std::time::Duration;
 
@@ -42,13 +42,7 @@ impl Store for Stalled {
     async fn next_due(&self, _: &ClaimRequest) -> R<Option<Timestamp>> {
         down()
     }
-    async fn take_tokens(&self, _: &str, _: Rate, _: u32) -> R<Grant> {
-        down()
-    }
-    async fn give_back_tokens(&self, _: &str, _: Rate, _: u32) -> R<()> {
-        down()
-    }
-    async fn claim_capped(&self, _: &ClaimRequest, _: u32) -> R<(Vec<Claimed>, bool)> {
+    async fn claim_limited(&self, _: &ClaimRequest, _: ClaimLimits) -> R<LimitedClaim> {
         down()
     }
     async fn pause_topic(&self, _: &str, _: Duration) -> R<Timestamp> {

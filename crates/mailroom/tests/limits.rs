@@ -124,8 +124,9 @@ fn recording_claims(starts: &Starts, claims: &Arc<Mutex<Vec<i64>>>) -> SharedHan
 
 /// SPEC §13 rate: three instances on one database, `rate = "100/s"`, 3,000
 /// events queued before they start: no one-second window holds more than
-/// 100 starts plus one grant (10) plus the lag between a grant and its
-/// starts, and the whole takes 30 s within 10 %.
+/// 100 starts plus one grant (10) by the store's clock (the handlers' clock
+/// allows for the lag from claim to handler), and the whole takes 30 s
+/// within 10 %.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_holds_across_three_instances_on_postgres() {
     let url = postgres_url().await;
@@ -162,22 +163,19 @@ async fn rate_holds_across_three_instances_on_postgres() {
     eprintln!(
         "3,000 starts in {took:?}; busiest second {most} by the handlers' clock, {claimed_most} by the store's claims"
     );
-    // The budget itself never grants more than 100 + 10 in a second (the
-    // conformance test `concurrent_takers_share_one_rate_budget`). But a
-    // grant is taken in one store call and its claim made in the next, so
-    // grants taken just before a window may claim inside it: measured
-    // 110-116 claims in the busiest second at load 15, and 120 (both
-    // clocks) in a CI run on an idle machine, where three instances'
-    // grant-then-claim round trips overlap most. The bound (100 +
-    // one grant) therefore does NOT hold end to end today; it would need
-    // the tokens taken inside the claim's own transaction. This test holds
-    // the design's real bound: what the budget grants within the second
-    // (the rate plus the one grant it holds), plus the grants taken before
-    // the second whose claims land in it (at most one per instance, since
-    // an instance claims before it takes again): 100 + 4 grants here.
-    let bound = 100 + 4 * rate.grant() as usize;
+    // The budget never grants more than 100 + 10 in a second, and the
+    // tokens are taken in the claim's own transaction, settled at the
+    // claim's stamp: grants and claims alternate across instances, so no
+    // grant taken before a window claims inside it. The claims' stamps
+    // (the attempts' start on the store's clock) hold the bound.
+    let bound = 100 + rate.grant() as usize;
     assert!(claimed_most <= bound, "{claimed_most} claims in one second");
-    assert!(most <= bound, "{most} starts in one second");
+    // A handler starts a few round trips and a task switch after its
+    // claim's stamp, and that lag varies with the machine's load (at load
+    // 11-12, 110-111 starts in the busiest second while the claims held
+    // 109): the handlers' clock allows the rate over 50 ms of it.
+    let lag = (rate.per_second() * 0.05) as usize;
+    assert!(most <= bound + lag, "{most} starts in one second");
     let secs = took.as_secs_f64();
     assert!(
         (27.0..=33.0).contains(&secs),

@@ -16,9 +16,12 @@ use std::time::Duration;
 /// and from the one-`bigint` locks (migrations).
 const RUNNING_LOCK: i32 = 0x6d72_6c6d; // "mrlm"
 
-/// Takes up to `want` tokens from `topic`'s budget.
+/// Within a transaction: takes up to `want` tokens from `topic`'s budget
+/// (`mailroom.take_tokens`). The budget's row stays locked until the
+/// transaction ends, so no other instance takes from it before the caller
+/// has claimed with the grant and [`settle_tokens`].
 pub(crate) async fn take_tokens(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     topic: &str,
     rate: Rate,
     want: u32,
@@ -29,7 +32,7 @@ pub(crate) async fn take_tokens(
             .bind(rate.per_second())
             .bind(f64::from(rate.grant()))
             .bind(i32::try_from(want).unwrap_or(i32::MAX))
-            .fetch_one(pool)
+            .fetch_one(conn)
             .await
             .map_err(db("taking rate tokens"))?;
     Ok(Grant {
@@ -38,17 +41,40 @@ pub(crate) async fn take_tokens(
     })
 }
 
-/// Gives back `n` unused tokens, keeping the budget within one grant.
-pub(crate) async fn give_back_tokens(pool: &PgPool, topic: &str, rate: Rate, n: u32) -> Result<()> {
+/// Within the transaction of [`take_tokens`], after the claim made with
+/// its `granted` tokens: spends only the `used` ones, as if they had been
+/// taken when the claim was stamped (`at`, its `now()`; `None` when
+/// nothing was claimed): the budget is refilled up to then, capped at one
+/// grant, and the claimed events' tokens taken out. So the claims' own
+/// stamps, not the moment the grant was taken, follow the bucket, and a
+/// grant taken just before a window cannot claim inside it on top of that
+/// window's budget.
+pub(crate) async fn settle_tokens(
+    conn: &mut PgConnection,
+    topic: &str,
+    rate: Rate,
+    granted: u32,
+    used: u32,
+    at: Option<Timestamp>,
+) -> Result<()> {
     sqlx::query(
-        "UPDATE mailroom.topic_limits SET tokens = LEAST($3, tokens + $2) WHERE topic = $1",
+        "UPDATE mailroom.topic_limits
+         SET tokens = LEAST($3, tokens + $4 + $2 * GREATEST(0, EXTRACT(EPOCH FROM
+                          timestamptz 'epoch' + $6 * interval '1 microsecond' - refilled_at
+                      )::double precision)) - $5,
+             refilled_at = GREATEST(refilled_at,
+                                    timestamptz 'epoch' + $6 * interval '1 microsecond')
+         WHERE topic = $1",
     )
     .bind(topic)
-    .bind(f64::from(n))
+    .bind(rate.per_second())
     .bind(f64::from(rate.grant()))
-    .execute(pool)
+    .bind(f64::from(granted))
+    .bind(f64::from(used))
+    .bind(at.map(Timestamp::as_microsecond))
+    .execute(conn)
     .await
-    .map_err(db("giving back rate tokens"))?;
+    .map_err(db("spending rate tokens"))?;
     Ok(())
 }
 

@@ -67,7 +67,7 @@ pub(crate) use claims::{
 };
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use limits::{
-    give_back_tokens, lock_and_count_running, pause_topic, paused_for, take_tokens,
+    lock_and_count_running, pause_topic, paused_for, settle_tokens, take_tokens,
 };
 pub(crate) use maintenance::{expire, purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch, list};

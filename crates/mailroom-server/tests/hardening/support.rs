@@ -120,23 +120,12 @@ impl Store for Wrapped {
     async fn next_due(&self, req: &ClaimRequest) -> StoreResult<Option<jiff::Timestamp>> {
         self.inner.next_due(req).await
     }
-    async fn take_tokens(
-        &self,
-        topic: &str,
-        rate: mailroom::Rate,
-        want: u32,
-    ) -> StoreResult<mailroom::Grant> {
-        self.inner.take_tokens(topic, rate, want).await
-    }
-    async fn give_back_tokens(&self, topic: &str, rate: mailroom::Rate, n: u32) -> StoreResult<()> {
-        self.inner.give_back_tokens(topic, rate, n).await
-    }
-    async fn claim_capped(
+    async fn claim_limited(
         &self,
         req: &ClaimRequest,
-        max: u32,
-    ) -> StoreResult<(Vec<Claimed>, bool)> {
-        self.inner.claim_capped(req, max).await
+        limits: mailroom::ClaimLimits,
+    ) -> StoreResult<mailroom::LimitedClaim> {
+        self.inner.claim_limited(req, limits).await
     }
     async fn pause_topic(&self, topic: &str, pause: Duration) -> StoreResult<jiff::Timestamp> {
         self.inner.pause_topic(topic, pause).await

@@ -1,8 +1,8 @@
 //! A topic's scheduling limits (SPEC §13) as its claims meet them: the
 //! `rate` budget, `max_running`, and the pause a handler's `429` +
 //! `Retry-After` asks for. The dispatcher and pull workers claim through
-//! [`claim`]; the store keeps the shared state (`Store::take_tokens`,
-//! `Store::claim_capped`, `Store::pause_topic`).
+//! [`claim`]; the store keeps the shared state and applies the limits in
+//! the claim's own step (`Store::claim_limited`, `Store::pause_topic`).
 //!
 //! A topic without limits costs nothing per claim: no pause is read from
 //! the store unless one was announced (a [`mailroom_core::pause_notice`] from
@@ -10,7 +10,7 @@
 //! is being made.
 
 use super::TopicRuntime;
-use mailroom_core::{ClaimRequest, Claimed, Result, Store};
+use mailroom_core::{ClaimLimits, ClaimRequest, Claimed, LimitedClaim, Result, Store};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -74,7 +74,8 @@ impl Pause {
 #[derive(Debug)]
 pub(crate) enum Gated {
     /// Claimed events, out of `asked` (the free slots, lowered by the
-    /// rate's grant); `capped` when `max_running` left less room than that.
+    /// rate's grant and the `max_running` room; see [`LimitedClaim`]);
+    /// `capped` when `max_running` left less room than that.
     Claimed {
         claimed: Vec<Claimed>,
         asked: u32,
@@ -103,35 +104,21 @@ pub(crate) async fn claim(
             capped: false,
         });
     }
-    let mut req = req.clone();
-    if let Some(rate) = spec.rate {
-        let grant = store
-            .take_tokens(&req.topic, rate, req.max.min(rate.grant()))
-            .await?;
-        if grant.granted == 0 {
-            return Ok(Gated::Wait(grant.wait));
-        }
-        req.max = grant.granted;
-    }
-    let claimed = match spec.max_running {
-        Some(max_running) => store.claim_capped(&req, max_running).await,
-        None => store.claim(&req).await.map(|c| (c, false)),
+    let limits = ClaimLimits {
+        rate: spec.rate,
+        max_running: spec.max_running,
     };
-    let got = claimed.as_ref().map_or(0, |(c, _)| c.len() as u32);
-    if let Some(rate) = spec.rate.filter(|_| got < req.max) {
-        // Tokens for events that were not there are not spent.
-        if let Err(e) = store
-            .give_back_tokens(&req.topic, rate, req.max - got)
-            .await
-        {
-            warn!(topic = %req.topic, error = %e, "could not give back unused rate tokens");
-        }
-    }
-    let (claimed, capped) = claimed?;
-    Ok(Gated::Claimed {
-        claimed,
-        asked: req.max,
-        capped,
+    Ok(match store.claim_limited(req, limits).await? {
+        LimitedClaim::Claimed {
+            claimed,
+            asked,
+            capped,
+        } => Gated::Claimed {
+            claimed,
+            asked,
+            capped,
+        },
+        LimitedClaim::Wait(wait) => Gated::Wait(wait),
     })
 }
 
