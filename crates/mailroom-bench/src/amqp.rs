@@ -19,6 +19,12 @@
 //!   [`AmqpHandler`] (confirms, `mandatory`), on a supervised
 //!   [`AmqpConnection`] as `serve` runs it: a `single` topic, then a
 //!   `batch` topic (a batch is published whole, then its confirms awaited).
+//! - **durable relay floor**: the N rows in an outbox table in SQLite (WAL,
+//!   `synchronous = FULL`), relayed with no engine: one writer thread claims
+//!   groups of rows and marks published ones done, everything that has
+//!   arrived in one commit, while the groups are published pipelined with
+//!   confirms. The least any relay that records claim and outcome in this
+//!   store does; again with the claim only read (no claim commit).
 //! - **hand-written relay**: the usual outbox relay: an outbox table in
 //!   SQLite (WAL, `synchronous = FULL`, as mailroom's), polled for unsent
 //!   rows; each row is published, its confirm awaited, and the row marked
@@ -33,6 +39,7 @@ mod durable;
 mod engine;
 mod handwritten;
 mod lapin_only;
+mod relay_floor;
 
 use crate::procfs;
 use crate::stats::fmt_times;
@@ -264,16 +271,24 @@ fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+/// A SQLite database with mailroom's durability (WAL, `synchronous =
+/// FULL`): the baselines' stores.
+fn open_durable(path: &std::path::Path) -> anyhow::Result<rusqlite::Connection> {
+    let db = rusqlite::Connection::open(path)?;
+    let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "WAL refused: {mode}");
+    db.execute_batch("PRAGMA synchronous = FULL;")?;
+    Ok(db)
+}
+
 /// Mean latency of 200 one-row SQLite commits with mailroom's durability:
 /// what every ack-after-commit waits for at least (measured once, at the
 /// end of the run: the disk's latency moves when it is shared).
 async fn commit_latency() -> anyhow::Result<Duration> {
     tokio::task::spawn_blocking(|| -> anyhow::Result<Duration> {
         let dir = tempfile::tempdir()?;
-        let db = rusqlite::Connection::open(dir.path().join("probe.db"))?;
-        let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "WAL refused: {mode}");
-        db.execute_batch("PRAGMA synchronous = FULL; CREATE TABLE t (x BLOB);")?;
+        let db = open_durable(&dir.path().join("probe.db"))?;
+        db.execute_batch("CREATE TABLE t (x BLOB);")?;
         let body = vec![b'x'; 1024];
         let started = Instant::now();
         for _ in 0..200 {
@@ -302,39 +317,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Report> {
         broker_pid,
         run_id: rand_id(),
     };
-    let mut phases = Vec::new();
-    let consumed = ctx.route("consume").await?;
-    for &prefetch in &ctx.settings.prefetch {
-        phases.push(
-            lapin_only::publish(&ctx, &consumed, "publish floor: lapin, confirms, pipelined")
-                .await?,
-        );
-        phases.push(lapin_only::consume(&ctx, &consumed.queue, prefetch).await?);
-        // Refill (not a phase of its own: the publish floor was measured).
-        lapin_only::publish(&ctx, &consumed, "refill").await?;
-        phases.push(engine::inbound(&ctx, &consumed.queue, prefetch).await?);
-        lapin_only::publish(&ctx, &consumed, "refill").await?;
-        phases.push(durable::consume(&ctx, &consumed.queue, prefetch).await?);
-    }
-    ctx.drop_route(&consumed).await?;
-    let relayed = ctx.route("relay").await?;
-    let single = engine::RelayTopic::Single {
-        concurrency: ctx.settings.relay_concurrency,
-    };
-    phases.push(engine::relay(&ctx, &relayed, single).await?);
-    ctx.drop_route(&relayed).await?;
-    if ctx.settings.relay_batch_size > 0 {
-        let batched = ctx.route("relay-batch").await?;
-        let batch = engine::RelayTopic::Batch {
-            max_size: ctx.settings.relay_batch_size,
-            concurrency: ctx.settings.relay_batch_concurrency,
-        };
-        phases.push(engine::relay(&ctx, &batched, batch).await?);
-        ctx.drop_route(&batched).await?;
-    }
-    let handwritten = ctx.route("handwritten").await?;
-    phases.push(handwritten::relay(&ctx, &handwritten).await?);
-    ctx.drop_route(&handwritten).await?;
+    let mut phases = inbound_phases(&ctx).await?;
+    phases.extend(relay_phases(&ctx).await?);
     let _ = ctx.conn.close(200, "OK".into()).await;
     let latency = commit_latency().await?;
     Ok(Report {
@@ -343,6 +327,58 @@ pub async fn run(settings: Settings) -> anyhow::Result<Report> {
         load_before,
         load_after: loadavg(),
     })
+}
+
+/// Per prefetch: the publish floor (which also fills the queue), the
+/// consume floor, mailroom's inbound and the ack-after-commit floor.
+async fn inbound_phases(ctx: &Ctx) -> anyhow::Result<Vec<Phase>> {
+    let mut phases = Vec::new();
+    let consumed = ctx.route("consume").await?;
+    for &prefetch in &ctx.settings.prefetch {
+        phases.push(
+            lapin_only::publish(ctx, &consumed, "publish floor: lapin, confirms, pipelined")
+                .await?,
+        );
+        phases.push(lapin_only::consume(ctx, &consumed.queue, prefetch).await?);
+        // Refill (not a phase of its own: the publish floor was measured).
+        lapin_only::publish(ctx, &consumed, "refill").await?;
+        phases.push(engine::inbound(ctx, &consumed.queue, prefetch).await?);
+        lapin_only::publish(ctx, &consumed, "refill").await?;
+        phases.push(durable::consume(ctx, &consumed.queue, prefetch).await?);
+    }
+    ctx.drop_route(&consumed).await?;
+    Ok(phases)
+}
+
+/// mailroom's relay (single, then batch), the durable relay floor (with and
+/// without the claim's commit) and the hand-written relay, each on a route
+/// of its own.
+async fn relay_phases(ctx: &Ctx) -> anyhow::Result<Vec<Phase>> {
+    let s = &ctx.settings;
+    let mut shapes = vec![engine::RelayTopic::Single {
+        concurrency: s.relay_concurrency,
+    }];
+    if s.relay_batch_size > 0 {
+        shapes.push(engine::RelayTopic::Batch {
+            max_size: s.relay_batch_size,
+            concurrency: s.relay_batch_concurrency,
+        });
+    }
+    let mut phases = Vec::new();
+    for shape in shapes {
+        let route = ctx.route("relay").await?;
+        phases.push(engine::relay(ctx, &route, shape).await?);
+        ctx.drop_route(&route).await?;
+    }
+    for claim in [relay_floor::Claim::Commit, relay_floor::Claim::Read] {
+        let route = ctx.route("relay-floor").await?;
+        phases.push(relay_floor::relay(ctx, &route, claim).await?);
+        ctx.drop_route(&route).await?;
+    }
+    let route = ctx.route("handwritten").await?;
+    phases.push(handwritten::relay(ctx, &route).await?);
+    ctx.drop_route(&route).await?;
+    Ok(phases)
 }
 
 fn rand_id() -> u32 {
@@ -376,6 +412,9 @@ pub struct RelayRatios {
     pub vs_handwritten: Option<f64>,
     /// mailroom relay / lapin publish floor (target ≥ 0.6).
     pub vs_publish_floor: Option<f64>,
+    /// mailroom relay / durable relay floor with the claim's commit
+    /// (mailroom's own share of the distance).
+    pub vs_durable_floor: Option<f64>,
 }
 
 /// The ratios the issue sets targets for.
@@ -383,6 +422,9 @@ pub struct RelayRatios {
 pub struct Ratios {
     /// Per relay topic shape.
     pub relays: Vec<RelayRatios>,
+    /// Per durable relay floor variant: floor / lapin publish floor (the
+    /// most a relay that records its work in this store reaches here).
+    pub durable_relay_floors_vs_publish_floor: Vec<(String, Option<f64>)>,
     /// Per prefetch: mailroom inbound / lapin consume floor (target ≥ 0.6).
     pub inbound_vs_consume_floor: Vec<(u16, Option<f64>)>,
     /// Per prefetch: ack-after-commit floor / lapin consume floor (the most
@@ -392,6 +434,10 @@ pub struct Ratios {
     /// own share of the distance).
     pub inbound_vs_durable_floor: Vec<(u16, Option<f64>)>,
 }
+
+/// The durable relay floor that records what mailroom records: the claim
+/// and the outcome.
+const DURABLE_RELAY_FLOOR: &str = "durable relay floor: claim + done";
 
 fn rate(phases: &[Phase], prefix: &str) -> Option<f64> {
     let rates: Vec<f64> = phases
@@ -411,6 +457,15 @@ pub fn ratios(s: &Settings, phases: &[Phase]) -> Ratios {
             relay: p.name.clone(),
             vs_handwritten: div(Some(p.per_sec), rate(phases, "hand-written relay")),
             vs_publish_floor: div(Some(p.per_sec), rate(phases, "publish floor")),
+            vs_durable_floor: div(Some(p.per_sec), rate(phases, DURABLE_RELAY_FLOOR)),
+        })
+        .collect();
+    let durable_relay_floors_vs_publish_floor = phases
+        .iter()
+        .filter(|p| p.name.starts_with("durable relay floor"))
+        .map(|p| {
+            let floor = div(Some(p.per_sec), rate(phases, "publish floor"));
+            (p.name.clone(), floor)
         })
         .collect();
     let per_prefetch = |a: &str, b: &str| -> Vec<(u16, Option<f64>)> {
@@ -429,6 +484,7 @@ pub fn ratios(s: &Settings, phases: &[Phase]) -> Ratios {
     );
     Ratios {
         relays,
+        durable_relay_floors_vs_publish_floor,
         inbound_vs_consume_floor: per_prefetch(inbound, consume),
         durable_floor_vs_consume_floor: per_prefetch(durable, consume),
         inbound_vs_durable_floor: per_prefetch(inbound, durable),
@@ -499,10 +555,17 @@ fn print_ratios(s: &Settings, phases: &[Phase]) {
     let r = ratios(s, phases);
     for relay in &r.relays {
         println!(
-            "{} vs hand-written relay: {} (target >= 10x); vs lapin publish floor: {} (target >= 60%)",
+            "{} vs hand-written relay: {} (target >= 10x); vs lapin publish floor: {} (target >= 60%); vs durable relay floor (claim + done): {}",
             relay.relay,
             fmt_times(relay.vs_handwritten),
-            pct(relay.vs_publish_floor)
+            pct(relay.vs_publish_floor),
+            pct(relay.vs_durable_floor)
+        );
+    }
+    for (floor, v) in &r.durable_relay_floors_vs_publish_floor {
+        println!(
+            "{floor} vs lapin publish floor: {} (the most a relay that records its work in SQLite reaches on this disk)",
+            pct(*v)
         );
     }
     let floors = r

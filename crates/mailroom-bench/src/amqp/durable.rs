@@ -50,12 +50,9 @@ fn writer(
 }
 
 fn open(path: &std::path::Path) -> anyhow::Result<Connection> {
-    let db = Connection::open(path).context("opening the floor's database")?;
-    let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-    anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "WAL refused: {mode}");
+    let db = super::open_durable(path).context("opening the floor's database")?;
     db.execute_batch(
-        "PRAGMA synchronous = FULL;
-         CREATE TABLE inbox (message_id TEXT PRIMARY KEY, body BLOB NOT NULL) WITHOUT ROWID;",
+        "CREATE TABLE inbox (message_id TEXT PRIMARY KEY, body BLOB NOT NULL) WITHOUT ROWID;",
     )?;
     Ok(db)
 }

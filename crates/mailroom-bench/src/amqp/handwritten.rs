@@ -16,18 +16,18 @@ use std::time::Duration;
 
 const PAGE: i64 = 100;
 
-fn open(path: &std::path::Path) -> anyhow::Result<Connection> {
-    let db = Connection::open(path).context("opening the outbox database")?;
+/// The outbox table with mailroom's durability. `claimed_at` is the
+/// durable relay floor's (`relay_floor`); this relay leaves it empty.
+pub(super) fn open(path: &std::path::Path) -> anyhow::Result<Connection> {
+    let db = super::open_durable(path).context("opening the outbox database")?;
     db.busy_timeout(Duration::from_secs(10))?;
-    let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-    anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "WAL refused: {mode}");
     db.execute_batch(
-        "PRAGMA synchronous = FULL;
-         CREATE TABLE IF NOT EXISTS outbox (
+        "CREATE TABLE IF NOT EXISTS outbox (
              id INTEGER PRIMARY KEY,
              event_type TEXT NOT NULL,
              payload BLOB NOT NULL,
              created_at INTEGER NOT NULL,
+             claimed_at INTEGER,
              sent_at INTEGER);
          CREATE INDEX IF NOT EXISTS outbox_unsent ON outbox (id) WHERE sent_at IS NULL;",
     )?;
@@ -35,7 +35,7 @@ fn open(path: &std::path::Path) -> anyhow::Result<Connection> {
 }
 
 /// The application's side: N rows committed into the outbox table.
-fn preload(db: &Connection, n: u64, body: &[u8]) -> anyhow::Result<()> {
+pub(super) fn preload(db: &Connection, n: u64, body: &[u8]) -> anyhow::Result<()> {
     let tx = db.unchecked_transaction()?;
     {
         let mut insert = tx.prepare(
