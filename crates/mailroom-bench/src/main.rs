@@ -442,10 +442,18 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The fault matrix's attacks make lapin (a broker stopped) and the
+    // in-process engine of `panic` (handlers panicking) log errors by
+    // design, dozens a run; its rows say what matters. RUST_LOG overrides.
+    let quiet = if matches!(cli.command, Command::Faults(_)) {
+        "warn,lapin=off,mailroom=off,sqlx=error"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet)),
         )
         .with_writer(std::io::stderr)
         .init();
