@@ -102,3 +102,17 @@ fn config_check_shows_the_amqp_sources_and_handlers_it_will_run() {
         "an AMQP source is not a webhook: {text}"
     );
 }
+
+/// Each topic line says where its events go: the HTTP endpoint (without
+/// credentials or query, which may hold secrets) or the program.
+#[test]
+fn config_check_names_each_topics_handler() {
+    let text = check_output("mailroom.example.toml", &[]);
+    for part in [
+        "handler: http POST http://127.0.0.1:3000/payments)",
+        "handler: command ./scripts/handle-report.sh)",
+    ] {
+        assert!(text.contains(part), "missing {part:?} in:\n{text}");
+    }
+    assert!(!text.contains("built-in"), "{text}");
+}

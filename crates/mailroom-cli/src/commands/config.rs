@@ -36,7 +36,7 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     outln!("{}: ok", config.origin);
     outln!("  listen  {}", config.listen);
     outln!("  store   {}", config.store.url);
-    print_topics(&topology);
+    print_topics(&config, &topology);
     print_sources(&config);
     print_amqp(&topology.amqp);
     print_alerts(&topology);
@@ -61,7 +61,7 @@ fn warnings(config: &Config) -> Vec<String> {
     warnings
 }
 
-fn print_topics(topology: &Topology) {
+fn print_topics(config: &Config, topology: &Topology) {
     let mut topics: Vec<_> = topology.topics.iter().collect();
     topics.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     for (t, handler) in topics {
@@ -80,11 +80,49 @@ fn print_topics(topology: &Topology) {
             t.retry.max_attempts,
             mailroom::duration::format(t.timeout),
             match handler {
-                Some(_) if topology.amqp.handlers.iter().any(|h| h.topic == t.name) => "amqp",
-                Some(_) => "built-in",
-                None => "pull",
+                Some(_) => handler_label(config, &t.name),
+                None => "pull".to_owned(),
             }
         );
+    }
+}
+
+/// What a topic's handler does, as its config says: `http POST <url>`
+/// (without credentials or query), `command <program>`, `amqp`; `built-in`
+/// for a handler the file does not describe.
+fn handler_label(config: &Config, topic: &str) -> String {
+    let spec = config
+        .topics
+        .iter()
+        .find(|t| t.name == topic)
+        .and_then(|t| t.handler.as_ref());
+    let Some(spec) = spec else {
+        return "built-in".to_owned();
+    };
+    if let Some(http) = &spec.http {
+        return format!("http POST {}", shown_url(&http.url));
+    }
+    if let Some(program) = spec.command.as_ref().and_then(|c| c.first()) {
+        return format!("command {program}");
+    }
+    if spec.amqp.is_some() {
+        // Its exchange and routing key are on the `handler` line of the AMQP part.
+        return "amqp".to_owned();
+    }
+    "built-in".to_owned()
+}
+
+/// A handler URL without user info, query or fragment (they may hold secrets).
+fn shown_url(raw: &str) -> String {
+    match reqwest::Url::parse(raw) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        Err(_) => "(invalid URL)".to_owned(),
     }
 }
 
