@@ -17,7 +17,11 @@
 #   drain options default to `--modes single`
 # environment: STORE (default $MAILROOM_TEST_POSTGRES_URL), CARGO_TARGET_DIR,
 #   BEFORE_TARGET_DIR (default: CARGO_TARGET_DIR/compare-before),
-#   BENCH=current|own, KEEP=1 keeps the JSON files (their directory is printed).
+#   BENCH=current|own, KEEP=1 keeps the JSON files (their directory is printed),
+#   BUILD_NICE (default 19): the builds' nice level, so they yield to other
+#   work on a shared machine; the rounds run at the caller's priority.
+#   BEFORE_BIN, AFTER_BIN: mailroom-bench binaries already built from BEFORE
+#   and from this checkout (their own release builds); that side is not built.
 #
 # The two builds need two target directories: cargo gives a workspace
 # crate the same artifact name whatever its checkout's path, and judges
@@ -34,6 +38,7 @@ before=$1
 rounds=${2:-3}
 shift $(( $# >= 2 ? 2 : 1 ))
 opts=("$@")
+build_nice=${BUILD_NICE:-19}
 [[ ${#opts[@]} -gt 0 ]] || opts=(--modes single)
 store=${STORE:-${MAILROOM_TEST_POSTGRES_URL:-}}
 [[ -n $store ]] || { echo "compare.sh: set STORE or MAILROOM_TEST_POSTGRES_URL" >&2; exit 64; }
@@ -56,13 +61,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ -n ${BEFORE_BIN:-} ]]; then
+    echo "compare.sh: before ${before_sha:0:10} is $BEFORE_BIN (not built)" >&2
+    cp "$BEFORE_BIN" "$work/bench-before"
+else
 git -C "$repo" worktree add --quiet --detach "$work/before" "$before_sha"
 if [[ ${BENCH:-current} == current ]]; then
     rm -rf "$work/before/crates/mailroom-bench"
     cp -r "$repo/crates/mailroom-bench" "$work/before/crates/mailroom-bench"
 fi
 build_before() {
-    (cd "$work/before" && CARGO_TARGET_DIR=$before_target cargo build --quiet --release -p mailroom-bench)
+    (cd "$work/before" && CARGO_TARGET_DIR=$before_target nice -n "$build_nice" cargo build --quiet --release -p mailroom-bench)
 }
 echo "compare.sh: building before ${before_sha:0:10} (bench: ${BENCH:-current})" >&2
 if ! build_before 2>"$work/build-before.log"; then
@@ -74,9 +83,15 @@ if ! build_before 2>"$work/build-before.log"; then
     build_before
 fi
 cp "$before_target/release/mailroom-bench" "$work/bench-before"
+fi
+if [[ -n ${AFTER_BIN:-} ]]; then
+    echo "compare.sh: after ${after_sha:0:10} is $AFTER_BIN (not built)" >&2
+    cp "$AFTER_BIN" "$work/bench-after"
+else
 echo "compare.sh: building after ${after_sha:0:10} ($repo$(git -C "$repo" diff --quiet HEAD || echo ', uncommitted changes included'))" >&2
-(cd "$repo" && CARGO_TARGET_DIR=$target cargo build --quiet --release -p mailroom-bench)
+(cd "$repo" && CARGO_TARGET_DIR=$target nice -n "$build_nice" cargo build --quiet --release -p mailroom-bench)
 cp "$target/release/mailroom-bench" "$work/bench-after"
+fi
 
 for ((r = 1; r <= rounds; r++)); do
     order=(before after)
