@@ -161,14 +161,20 @@ pub(super) const CLAIM_ANY: &str =
 /// Rows of a higher priority than the floor's (`due_higher`) come before
 /// it in claim order: they are walked from the topic's start up to the
 /// floor's priority, so an urgent event that arrives during a backlog is
-/// taken by the next claim. Without priorities that range is empty.
+/// taken by the next claim. Without priorities that range is empty, and
+/// the walk reads one index page: its bound is spelled `-priority < -$7`,
+/// a bound btree stops at. The row comparison `(topic, -priority) < ($3,
+/// -$7)` it replaced is not one (PostgreSQL 15 ends a walk on a row
+/// comparison's first column only): every claim from a floor walked the
+/// topic's whole pending backlog, with the dead entries of claimed rows
+/// (`docs/perf/postgres.md`).
 pub(super) const CLAIM_FROM: &str = claim_update!(claim_selection!(
     "AND (c.topic, -c.priority, c.seq) >= ($3, -$7, $6)",
     "c.topic, -c.priority, c.seq",
     ", due_higher AS (
          SELECT h.seq, h.priority FROM mailroom.queue h
          WHERE h.topic = ANY(ARRAY[$3::text]) AND h.state = 'pending'
-           AND (h.topic, -h.priority) < ($3, -$7) AND h.run_at <= now()
+           AND -h.priority < -$7 AND h.run_at <= now()
            AND ($5::int8 IS NULL OR h.ready_at > now() - $5 * interval '1 microsecond')
          ORDER BY h.topic, -h.priority, h.seq LIMIT $4 FOR UPDATE SKIP LOCKED)",
     " UNION ALL SELECT * FROM due_higher"

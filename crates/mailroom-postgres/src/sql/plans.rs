@@ -233,6 +233,51 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
     }
 }
 
+/// Index pages the node `name` of a JSON `EXPLAIN (ANALYZE, BUFFERS)`
+/// (a CTE's subplan) read, with its children.
+fn pages_of(node: &serde_json::Value, name: &str) -> Option<u64> {
+    if node["Subplan Name"] == name {
+        let hit = node["Shared Hit Blocks"].as_u64().unwrap_or(0);
+        return Some(hit + node["Shared Read Blocks"].as_u64().unwrap_or(0));
+    }
+    node["Plans"]
+        .as_array()?
+        .iter()
+        .find_map(|child| pages_of(child, name))
+}
+
+/// A claim from a floor near the end of a 20,000-event backlog looks for
+/// rows of a higher priority than the floor's (none here) in a page or
+/// two of `queue_claim`, not by walking the topic's whole backlog (a row
+/// comparison as the walk's upper bound did: btree does not stop at it).
+#[tokio::test]
+async fn a_claim_from_a_floor_does_not_walk_the_backlog_for_higher_priorities() {
+    let mut conn = analysed_backlog(50).await;
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    let analysed = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_FROM}"
+    )))
+    .bind(30_000_000_i64)
+    .bind("w")
+    .bind("t")
+    .bind(100_i64)
+    .bind(None::<i64>)
+    .bind(19_500_i64)
+    .bind(0_i32)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    // A `json` column; its binary form is its text.
+    let analysed: String = analysed.try_get_unchecked(0).unwrap();
+    let analysed: serde_json::Value = serde_json::from_str(&analysed).unwrap();
+    let pages = pages_of(&analysed[0]["Plan"], "CTE due_higher").unwrap();
+    assert!(
+        pages <= 4,
+        "{pages} pages read looking for higher priorities"
+    );
+}
+
 /// Past the walk's bound, sequential claims and their next due time
 /// visit keys and heads through `queue_keys` (a handful of probes
 /// per key), never by scanning the table or walking the pending events:
