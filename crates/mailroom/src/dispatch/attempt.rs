@@ -9,7 +9,9 @@ use futures::FutureExt;
 use mailroom_core::{Claimed, Completion, Event, Outcome, RetryPolicy, Store, StoreError};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{Instrument, error, info_span, warn};
 
 /// Runs `work` (a handler call) under `timeout`, catching a panic. Returns
@@ -64,12 +66,15 @@ pub(super) fn settle(
 
 /// One attempt of a single or sequential topic: the handler, its outcome
 /// resolved and stored with the claim's fencing token, then a wake-up for
-/// the topic's loop (a slot is free, and a key may have unblocked).
+/// the topic's loop (a key may have unblocked). The handler's `slot` is
+/// given back as soon as its verdict is in ([`Slot::into_recording`]), so the
+/// loop claims the next events while this outcome is being committed.
 pub(super) async fn run_attempt(
     store: &dyn Store,
     topic: &TopicRuntime,
     handler: &dyn Handler,
     c: Claimed,
+    slot: Slot,
 ) {
     let event = &c.event;
     let span = info_span!("attempt", event_id = %event.id, topic = %event.topic,
@@ -83,6 +88,7 @@ pub(super) async fn run_attempt(
             super::limits::pause(store, topic, pause).await;
         }
         let completion = settle(topic, event, outcome, elapsed);
+        let _recording = slot.into_recording().await;
         match store.complete(event.id, c.token, completion).await {
             Ok(()) => {}
             Err(StoreError::StaleToken) => {
@@ -97,6 +103,30 @@ pub(super) async fn run_attempt(
     }
     .instrument(span)
     .await;
+}
+
+/// An attempt's hold on its topic's capacity: a handler slot (of
+/// `concurrency`), traded, once the handler's verdict is in, for a place
+/// among the outcomes being recorded (also `concurrency`). A topic loop
+/// claims into its free handler slots, so its next claim overlaps the
+/// commit of the last attempts' outcomes (grouped by the store) instead
+/// of waiting for it; and at most `2 × concurrency` of its events are
+/// claimed by it and unrecorded at once, which bounds what it hands the
+/// store's completion queue.
+pub(super) struct Slot {
+    pub handler: OwnedSemaphorePermit,
+    pub recording: Arc<Semaphore>,
+}
+
+impl Slot {
+    /// Frees the handler slot once a place among the outcomes being
+    /// recorded is held; the place is held until the returned permit drops
+    /// (`None` only if the semaphore was closed, which nothing does).
+    async fn into_recording(self) -> Option<OwnedSemaphorePermit> {
+        let place = self.recording.acquire_owned().await.ok();
+        drop(self.handler);
+        place
+    }
 }
 
 /// Gives a claimed event back at once (pending, due now, the attempt

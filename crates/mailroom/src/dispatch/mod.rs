@@ -2,7 +2,9 @@
 //! attempts.
 //!
 //! A topic loop never polls on a fixed tick. It claims as many events as it
-//! has free slots; when fewer come back, it sleeps until the earliest of: a
+//! has free slots — a slot is a handler call, given back as soon as the
+//! verdict is in, so the next claim overlaps the commit of the last
+//! outcomes (`attempt::Slot`) —; when fewer come back, it sleeps until the earliest of: a
 //! wake-up (an intake commit or a finished attempt calls
 //! [`Notify::notify_one`], which is remembered if nobody is waiting yet), the
 //! next due time the store reports, or the polling fallback (`poll`, 1 s by
@@ -23,7 +25,7 @@ pub(crate) use notifications::run_notifications;
 
 use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
-use attempt::{release, run_attempt};
+use attempt::{Slot, release, run_attempt};
 use limits::Gated;
 use mailroom_core::{ClaimRequest, Claimed, Store};
 use std::sync::Arc;
@@ -79,6 +81,7 @@ pub(crate) async fn run_topic(
 ) {
     let attempts = Attempts {
         slots: Arc::new(Semaphore::new(topic.spec.concurrency as usize)),
+        recording: Arc::new(Semaphore::new(topic.spec.concurrency as usize)),
         tracker: TaskTracker::new(),
         store: store.clone(),
         topic: topic.clone(),
@@ -93,6 +96,10 @@ pub(crate) async fn run_topic(
                 permit = attempts.slots.clone().acquire_owned() => drop(permit),
                 () = shutdown.cancelled() => break,
             }
+            // Let the other attempts whose verdicts are in free their slots
+            // too (the first one woke this loop), so the claim takes them
+            // all at once rather than one event now and the rest next.
+            tokio::task::yield_now().await;
             continue;
         }
         let want = free.min(MAX_CLAIM);
@@ -142,9 +149,11 @@ pub(crate) async fn run_topic(
     attempts.tracker.wait().await;
 }
 
-/// The attempts of one topic loop, at most its concurrency at a time.
+/// The attempts of one topic loop: at most its concurrency of handlers at
+/// a time, and as many outcomes being recorded (`attempt::Slot`).
 struct Attempts {
     slots: Arc<Semaphore>,
+    recording: Arc<Semaphore>,
     tracker: TaskTracker,
     store: Arc<dyn Store>,
     topic: Arc<TopicRuntime>,
@@ -154,17 +163,20 @@ struct Attempts {
 impl Attempts {
     /// Starts an attempt of `c` in a free slot.
     async fn start(&self, c: Claimed) {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+        let Ok(handler_slot) = self.slots.clone().try_acquire_owned() else {
             // Cannot happen (the loop claims at most the free slots); release
             // the lease rather than run over the concurrency bound.
             release(&*self.store, &c, "released: no free slot").await;
             return;
         };
+        let slot = Slot {
+            handler: handler_slot,
+            recording: self.recording.clone(),
+        };
         let (store, topic, handler) =
             (self.store.clone(), self.topic.clone(), self.handler.clone());
         self.tracker.spawn(async move {
-            run_attempt(&*store, &topic, &*handler, c).await;
-            drop(permit);
+            run_attempt(&*store, &topic, &*handler, c, slot).await;
         });
     }
 }
