@@ -230,6 +230,17 @@ impl Ctx {
         Ok(())
     }
 
+    /// Fails unless `queue` holds exactly `n` ready messages (`what` names
+    /// them in the error): every phase that publishes checks its queue so.
+    async fn expect_queued(&self, queue: &str, n: u64, what: &str) -> anyhow::Result<()> {
+        let queued = self.ready(queue).await?;
+        anyhow::ensure!(
+            u64::from(queued) == n,
+            "{queued} of {n} {what} are in the queue"
+        );
+        Ok(())
+    }
+
     /// Ready messages in `queue` (a passive declare).
     async fn ready(&self, queue: &str) -> anyhow::Result<u32> {
         let ch = self.channel().await?;

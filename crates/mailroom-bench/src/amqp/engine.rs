@@ -243,11 +243,8 @@ pub async fn relay(ctx: &Ctx, route: &Route, shape: RelayTopic) -> anyhow::Resul
     stop.cancel();
     dispatcher.await?;
     supervisor.await?;
-    let queued = ctx.ready(&route.queue).await?;
-    anyhow::ensure!(
-        u64::from(queued) == n,
-        "{queued} of {n} published events are in the queue"
-    );
+    ctx.expect_queued(&route.queue, n, "published events")
+        .await?;
     opened.close().await;
     fresh.cleanup().await?;
     Ok(phase)

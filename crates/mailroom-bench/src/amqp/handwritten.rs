@@ -126,10 +126,6 @@ pub async fn relay(ctx: &Ctx, route: &Route) -> anyhow::Result<Phase> {
     );
     anyhow::ensure!(sent == n, "sent {sent} of {n}");
     let _ = ch.close(200, "OK".into()).await;
-    let queued = ctx.ready(&route.queue).await?;
-    anyhow::ensure!(
-        u64::from(queued) == n,
-        "{queued} of {n} rows are in the queue"
-    );
+    ctx.expect_queued(&route.queue, n, "rows").await?;
     Ok(phase)
 }

@@ -46,12 +46,7 @@ pub async fn publish(ctx: &Ctx, route: &Route, name: &str) -> anyhow::Result<Pha
             .context("basic.publish")?;
         confirms.push(confirm);
     }
-    for confirm in confirms {
-        match confirm.await.context("awaiting a confirm")? {
-            Confirmation::Ack(None) => {}
-            other => bail!("publish not confirmed as routed: {other:?}"),
-        }
-    }
+    await_routed(confirms).await?;
     let phase = meter.finish(name.to_string(), n, None);
     let _ = ch.close(200, "OK".into()).await;
     Ok(phase)
@@ -96,4 +91,16 @@ pub async fn consume(ctx: &Ctx, queue: &str, prefetch: u16) -> anyhow::Result<Ph
         "{queue} is not empty after the consume floor"
     );
     Ok(phase)
+}
+
+/// Awaits each publisher confirm; fails unless every publish was acked and
+/// routed (no `basic.return`).
+pub(super) async fn await_routed(confirms: Vec<lapin::PublisherConfirm>) -> anyhow::Result<()> {
+    for confirm in confirms {
+        match confirm.await.context("awaiting a confirm")? {
+            Confirmation::Ack(None) => {}
+            other => bail!("publish not confirmed as routed: {other:?}"),
+        }
+    }
+    Ok(())
 }

@@ -20,8 +20,8 @@ use super::{Ctx, Meter, Phase, Route};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use lapin::Channel;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Channel, Confirmation};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
@@ -146,12 +146,7 @@ async fn publish(ch: &Channel, route: &Route, rows: Vec<Row>) -> anyhow::Result<
             .context("basic.publish")?;
         confirms.push(confirm);
     }
-    for confirm in confirms {
-        match confirm.await.context("awaiting a confirm")? {
-            Confirmation::Ack(None) => {}
-            other => bail!("publish not confirmed as routed: {other:?}"),
-        }
-    }
+    super::lapin_only::await_routed(confirms).await?;
     Ok(rows.into_iter().map(|r| r.0).collect())
 }
 
@@ -207,10 +202,6 @@ pub async fn relay(ctx: &Ctx, route: &Route, claim: Claim) -> anyhow::Result<Pha
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))??;
     let phase = meter.finish(claim.name(size, groups), n, Some(commits));
     let _ = ch.close(200, "OK".into()).await;
-    let queued = ctx.ready(&route.queue).await?;
-    anyhow::ensure!(
-        u64::from(queued) == n,
-        "{queued} of {n} rows are in the queue"
-    );
+    ctx.expect_queued(&route.queue, n, "rows").await?;
     Ok(phase)
 }
