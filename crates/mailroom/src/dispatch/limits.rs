@@ -10,7 +10,7 @@
 //! is being made.
 
 use super::TopicRuntime;
-use mailroom_core::{ClaimLimits, ClaimRequest, Claimed, LimitedClaim, Result, Store};
+use mailroom_core::{ClaimLimits, ClaimRequest, LimitedClaim, Result, Store};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -70,35 +70,20 @@ impl Pause {
     }
 }
 
-/// What a claim within the limits gave.
-#[derive(Debug)]
-pub(crate) enum Gated {
-    /// Claimed events, out of `asked` (the free slots, lowered by the
-    /// rate's grant and the `max_running` room; see [`LimitedClaim`]);
-    /// `capped` when `max_running` left less room than that.
-    Claimed {
-        claimed: Vec<Claimed>,
-        asked: u32,
-        capped: bool,
-    },
-    /// Nothing may start now (paused, or the rate budget is empty): ask
-    /// again after this long, or at a wake-up.
-    Wait(Duration),
-}
-
-/// Claims `req` within `topic`'s limits.
+/// Claims `req` within `topic`'s limits: `Wait` when nothing may start
+/// now (the topic is paused, or the rate budget is empty).
 pub(crate) async fn claim(
     store: &dyn Store,
     topic: &TopicRuntime,
     req: &ClaimRequest,
-) -> Result<Gated> {
+) -> Result<LimitedClaim> {
     if let Some(left) = topic.pause.left(store, &req.topic).await? {
-        return Ok(Gated::Wait(left));
+        return Ok(LimitedClaim::Wait(left));
     }
     let spec = &topic.spec;
     if !spec.is_limited() {
         let claimed = store.claim(req).await?;
-        return Ok(Gated::Claimed {
+        return Ok(LimitedClaim::Claimed {
             claimed,
             asked: req.max,
             capped: false,
@@ -108,18 +93,7 @@ pub(crate) async fn claim(
         rate: spec.rate,
         max_running: spec.max_running,
     };
-    Ok(match store.claim_limited(req, limits).await? {
-        LimitedClaim::Claimed {
-            claimed,
-            asked,
-            capped,
-        } => Gated::Claimed {
-            claimed,
-            asked,
-            capped,
-        },
-        LimitedClaim::Wait(wait) => Gated::Wait(wait),
-    })
+    store.claim_limited(req, limits).await
 }
 
 /// Pauses `topic` for `pause` (a handler's 429 + `Retry-After`): at once

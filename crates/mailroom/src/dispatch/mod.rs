@@ -26,8 +26,7 @@ pub(crate) use notifications::run_notifications;
 use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
 use attempt::{Slot, release, run_attempt};
-use limits::Gated;
-use mailroom_core::{ClaimRequest, Claimed, Store};
+use mailroom_core::{ClaimRequest, Claimed, LimitedClaim, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
@@ -105,12 +104,12 @@ pub(crate) async fn run_topic(
         let want = free.min(MAX_CLAIM);
         let req = topic.claim_request(&worker, want);
         let (claimed, asked, capped) = match limits::claim(&*store, &topic, &req).await {
-            Ok(Gated::Claimed {
+            Ok(LimitedClaim::Claimed {
                 claimed,
                 asked,
                 capped,
             }) => (claimed, asked, capped),
-            Ok(Gated::Wait(d)) => {
+            Ok(LimitedClaim::Wait(d)) => {
                 backoff = BACKOFF_FIRST;
                 if !idle::nap(&topic.wake, d, &shutdown).await {
                     break;

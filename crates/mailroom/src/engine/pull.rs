@@ -6,10 +6,11 @@
 
 use super::Engine;
 use crate::dispatch::attempt::resolve;
-use crate::dispatch::limits::Gated;
 use crate::dispatch::telemetry::record_outcome;
 use crate::topology::TopicSpec;
-use mailroom_core::{Claimed, Completion, EventId, FencingToken, Outcome, StoreError, Timestamp};
+use mailroom_core::{
+    Claimed, Completion, EventId, FencingToken, LimitedClaim, Outcome, StoreError, Timestamp,
+};
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -47,8 +48,8 @@ impl Engine {
             return Ok(self.inner.store.claim(&req).await?);
         };
         match crate::dispatch::limits::claim(&*self.inner.store, rt, &req).await? {
-            Gated::Claimed { claimed, .. } => Ok(claimed),
-            Gated::Wait(_) => Ok(Vec::new()),
+            LimitedClaim::Claimed { claimed, .. } => Ok(claimed),
+            LimitedClaim::Wait(_) => Ok(Vec::new()),
         }
     }
 
