@@ -323,8 +323,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// For topics without `per_key`, a backend may serve an event that
     /// turned pending again behind newer ones (a retry come due, a replay)
-    /// up to a second late, while the newer ones keep its claims full;
-    /// never later than that.
+    /// or one delivered later that came due, up to a second late, while
+    /// other events keep its claims full; never later than that.
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>>;
 
     /// Records the end of an attempt, only if `token` is still current

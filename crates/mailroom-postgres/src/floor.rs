@@ -13,15 +13,19 @@
 //! when that claim came back full. The next claim walks from there on.
 //! Events older than the floor can still turn pending (a retry falls due, a
 //! lease is rescued, an event is replayed, or a transaction that took an
-//! older `seq` commits late), so the floor is only a hint:
+//! older `seq` commits late), and claims from a floor leave the events
+//! delivered later that fell due to the walks of the whole topic (so that
+//! a busy topic's claims cost what they did before delayed delivery), so
+//! the floor is only a hint:
 //!
 //! - a walk from the floor that comes back short is followed at once by a
 //!   walk of the whole topic, for the rest;
 //! - while walks from the floor keep coming back full, the whole topic is
 //!   walked again at least every [`RESCAN`].
 //!
-//! An event older than the floor therefore waits at most [`RESCAN`] longer
-//! than it would have, and only while the topic has a backlog newer than it.
+//! An event older than the floor, or delivered later and due, therefore
+//! waits at most [`RESCAN`] longer than it would have, and only while the
+//! topic has a backlog that keeps its claims full.
 //! Sequential topics do not use floors: the head rule reads older events
 //! anyway.
 

@@ -5,7 +5,7 @@
 
 use mailroom_conformance::event;
 use mailroom_core::{
-    ClaimRequest, Completion, EventId, ListFilter, OnDead, Status, Store, StoreError,
+    ClaimRequest, Completion, Delivery, EventId, ListFilter, OnDead, Status, Store, StoreError,
 };
 use mailroom_postgres::{PostgresOptions, PostgresStore};
 use sqlx::Connection as _;
@@ -599,6 +599,81 @@ async fn events_behind_the_claim_floor_are_still_claimed() {
         got.iter().map(|c| c.event.id).collect::<Vec<_>>(),
         vec![again.event.id]
     );
+}
+
+/// An event delivered later that falls due while newer events keep the
+/// claims full: claims from the floor leave it to the walks of the whole
+/// topic (at least one per rescan interval), which take it before the
+/// newer events run out, never before it is due; and once the claims come
+/// back short, the next claim takes a due one at once.
+#[tokio::test]
+async fn a_delayed_event_due_behind_the_claim_floor_is_claimed() {
+    let (_url, store) = fresh(true).await;
+    let delayed = |name: &str| {
+        let mut e = event("orders", name, None);
+        e.delivery = Delivery::After(Duration::from_secs(2));
+        e
+    };
+    let d = store.insert(delayed("d")).await.unwrap().id;
+    let due = store
+        .get(d)
+        .await
+        .unwrap()
+        .unwrap()
+        .next_attempt_at
+        .unwrap();
+    for i in 0..60 {
+        store
+            .insert(event("orders", &format!("e{i}"), None))
+            .await
+            .unwrap();
+    }
+    // Full claims, one per 100 ms: the floor moves past `d`'s `seq` while
+    // it is not due, and stays in use after it fell due.
+    let first = store.claim(&claim_req("orders", 10, None)).await.unwrap();
+    assert_eq!(first.len(), 10);
+    // A machine this slow made `d` due before the first claim.
+    let mut taken = first.iter().any(|c| c.event.id == d);
+    let mut newer_left = if taken { 51 } else { 50 };
+    while !taken {
+        let got = store.claim(&claim_req("orders", 1, None)).await.unwrap();
+        let read_at = store.now().await.unwrap();
+        assert_eq!(got.len(), 1, "the newer events ran out first");
+        taken = got[0].event.id == d;
+        if taken {
+            assert!(read_at >= due, "claimed at {read_at}, due at {due}");
+            assert!(newer_left > 0, "claimed only once the newer events ran out");
+        } else {
+            newer_left -= 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // Claim what is left in one full claim, then a short one (nothing
+    // left): a delayed event that falls due now is taken by the next claim.
+    let left = u32::try_from(newer_left).unwrap();
+    let rest = store.claim(&claim_req("orders", left, None)).await.unwrap();
+    assert_eq!(rest.len(), newer_left);
+    let d2 = store.insert(delayed("d2")).await.unwrap().id;
+    let due = store
+        .get(d2)
+        .await
+        .unwrap()
+        .unwrap()
+        .next_attempt_at
+        .unwrap();
+    assert!(
+        store
+            .claim(&claim_req("orders", 10, None))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    while store.now().await.unwrap() < due {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = store.claim(&claim_req("orders", 10, None)).await.unwrap();
+    assert_eq!(got.iter().map(|c| c.event.id).collect::<Vec<_>>(), vec![d2]);
 }
 
 /// A sequential topic with one deep key: its claim walks a bounded number

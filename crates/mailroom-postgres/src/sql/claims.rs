@@ -48,7 +48,7 @@ macro_rules! head_skip {
 /// first in a claim's transaction, so its walk sees them. Scheduled rows
 /// are not in `queue_claim`, so a backlog of events delivered later costs
 /// claims nothing. (Claims of independent events take due scheduled rows
-/// directly, [`claim_selection!`].)
+/// directly, [`CLAIM_ANY`].)
 pub(super) const PROMOTE: &str = "
     UPDATE mailroom.queue s SET state = 'pending'
     WHERE s.seq = ANY(ARRAY(
@@ -105,79 +105,81 @@ macro_rules! claim_update {
     };
 }
 
-/// The due pending rows of topic `$3`, at most `$4`, highest priority
-/// first, then in arrival order, not expired (`$5`); and with them the
-/// due `scheduled` rows (events delivered later, `queue_scheduled`), at
-/// most `$4` by due time, which the claim takes straight to running. The
-/// two walks are merged in claim order: a sort of at most `2 × $4` rows.
-/// `FOR UPDATE SKIP LOCKED` makes concurrent claimers (any number of
-/// instances) pass over each other's rows instead of waiting or taking
-/// the same event.
+/// Independent events, the whole topic: the due pending rows of topic
+/// `$3`, at most `$4`, highest priority first, then in arrival order, not
+/// expired (`$5`); and with them the due `scheduled` rows (events
+/// delivered later, `queue_scheduled`), at most `$4` by due time, which
+/// the claim takes straight to running. The two walks are merged in claim
+/// order: a sort of at most `2 × $4` rows. `FOR UPDATE SKIP LOCKED` makes
+/// concurrent claimers (any number of instances) pass over each other's
+/// rows instead of waiting or taking the same event.
 ///
 /// The topic is spelled `= ANY(ARRAY[$3])` and the rows ordered by
 /// `(topic, -priority, seq)` so that only `queue_claim` yields that order,
-/// whatever the statistics say (`docs/perf/postgres.md`). `$rest` narrows
-/// the walk.
-macro_rules! claim_selection {
-    ($rest:literal, $order:literal, $higher:literal, $union:literal) => {
-        concat!(
-            "WITH due_pending AS (
-                 SELECT c.seq, c.priority FROM mailroom.queue c
-                 WHERE c.topic = ANY(ARRAY[$3::text]) AND c.state = 'pending'
-                   AND c.run_at <= now() AND ",
-            unexpired!("c", "$5"),
-            " ",
-            $rest,
-            " ORDER BY ",
-            $order,
-            " LIMIT $4 FOR UPDATE SKIP LOCKED
-             ), due_scheduled AS (
-                 SELECT d.seq, d.priority FROM mailroom.queue d
-                 WHERE d.topic = ANY(ARRAY[$3::text]) AND d.state = 'scheduled'
-                   AND d.run_at <= now() AND ",
-            unexpired!("d", "$5"),
-            " ORDER BY d.topic, d.run_at LIMIT $4 FOR UPDATE SKIP LOCKED
-             )",
-            $higher,
-            "
-             SELECT u.seq FROM (SELECT * FROM due_pending UNION ALL SELECT * FROM due_scheduled",
-            $union,
-            ") u
-             ORDER BY -u.priority, u.seq LIMIT $4"
-        )
-    };
-}
+/// whatever the statistics say (`docs/perf/postgres.md`).
+pub(super) const CLAIM_ANY: &str = claim_update!(concat!(
+    "WITH due_pending AS (
+         SELECT c.seq, c.priority FROM mailroom.queue c
+         WHERE c.topic = ANY(ARRAY[$3::text]) AND c.state = 'pending'
+           AND c.run_at <= now() AND ",
+    unexpired!("c", "$5"),
+    " ORDER BY c.topic, -c.priority, c.seq LIMIT $4 FOR UPDATE SKIP LOCKED
+     ), due_scheduled AS (
+         SELECT d.seq, d.priority FROM mailroom.queue d
+         WHERE d.topic = ANY(ARRAY[$3::text]) AND d.state = 'scheduled'
+           AND d.run_at <= now() AND ",
+    unexpired!("d", "$5"),
+    " ORDER BY d.topic, d.run_at LIMIT $4 FOR UPDATE SKIP LOCKED
+     )
+     SELECT u.seq FROM (SELECT * FROM due_pending UNION ALL SELECT * FROM due_scheduled) u
+     ORDER BY -u.priority, u.seq LIMIT $4"
+));
 
-/// Independent events, the whole topic: one statement.
-pub(super) const CLAIM_ANY: &str =
-    claim_update!(claim_selection!("", "c.topic, -c.priority, c.seq", "", ""));
-
-/// Independent events from a floor (`floor.rs`): from position (priority
-/// `$7`, `seq` `$6`) on in claim order, past the rows earlier claims took.
-/// One row comparison over `queue_claim`'s columns, which starts the index
-/// walk there; a condition on `seq` alone let the planner walk the primary
-/// key from the floor instead and sort all it found.
+/// Independent events from a floor (`floor.rs`), the claims of a topic
+/// whose claims keep coming back full: its due pending rows from position
+/// (priority `$7`, `seq` `$6`) on in claim order, past the rows earlier
+/// claims took, at most `$4`; not expired (`$5`). One row comparison over
+/// `queue_claim`'s columns, which starts the index walk there; a
+/// condition on `seq` alone let the planner walk the primary key from
+/// the floor instead and sort all it found.
 ///
 /// Rows of a higher priority than the floor's (`due_higher`) come before
 /// it in claim order: they are walked from the topic's start up to the
 /// floor's priority, so an urgent event that arrives during a backlog is
-/// taken by the next claim. Without priorities that range is empty, and
-/// the walk reads one index page: its bound is spelled `-priority < -$7`,
-/// a bound btree stops at. The row comparison `(topic, -priority) < ($3,
-/// -$7)` it replaced is not one (PostgreSQL 15 ends a walk on a row
-/// comparison's first column only): every claim from a floor walked the
-/// topic's whole pending backlog, with the dead entries of claimed rows
-/// (`docs/perf/postgres.md`).
-pub(super) const CLAIM_FROM: &str = claim_update!(claim_selection!(
-    "AND (c.topic, -c.priority, c.seq) >= ($3, -$7, $6)",
-    "c.topic, -c.priority, c.seq",
-    ", due_higher AS (
-         SELECT h.seq, h.priority FROM mailroom.queue h
+/// taken by the next claim, and the walk from the floor takes only what
+/// they leave of `$4`. So the two walks need no merge: every row of the
+/// first comes before every row of the second. Without priorities the
+/// first is empty and reads one index page: its bound is spelled
+/// `-priority < -$7`, a bound btree stops at. The row comparison
+/// `(topic, -priority) < ($3, -$7)` it replaced is not one (PostgreSQL 15
+/// ends a walk on a row comparison's first column only): every claim
+/// from a floor walked the topic's whole pending backlog, with the dead
+/// entries of claimed rows (`docs/perf/postgres.md`).
+///
+/// Events delivered later (`scheduled` rows) that fell due are left to
+/// the claims of the whole topic ([`CLAIM_ANY`]), which come at least
+/// every [`RESCAN`](crate::floor::RESCAN) and right after a short claim:
+/// so the claims of a busy topic, most of its claims, cost what they
+/// cost before delayed delivery (no `queue_scheduled` probe, no sort),
+/// and an event that fell due behind that backlog waits at most a second
+/// longer, as a retry come due does.
+pub(super) const CLAIM_FROM: &str = claim_update!(concat!(
+    "WITH due_higher AS (
+         SELECT h.seq FROM mailroom.queue h
          WHERE h.topic = ANY(ARRAY[$3::text]) AND h.state = 'pending'
-           AND -h.priority < -$7 AND h.run_at <= now()
-           AND ($5::int8 IS NULL OR h.ready_at > now() - $5 * interval '1 microsecond')
-         ORDER BY h.topic, -h.priority, h.seq LIMIT $4 FOR UPDATE SKIP LOCKED)",
-    " UNION ALL SELECT * FROM due_higher"
+           AND -h.priority < -$7 AND h.run_at <= now() AND ",
+    unexpired!("h", "$5"),
+    " ORDER BY h.topic, -h.priority, h.seq LIMIT $4 FOR UPDATE SKIP LOCKED
+     ), due_pending AS (
+         SELECT c.seq FROM mailroom.queue c
+         WHERE c.topic = ANY(ARRAY[$3::text]) AND c.state = 'pending'
+           AND c.run_at <= now() AND ",
+    unexpired!("c", "$5"),
+    " AND (c.topic, -c.priority, c.seq) >= ($3, -$7, $6)
+         ORDER BY c.topic, -c.priority, c.seq
+         LIMIT $4 - (SELECT count(*) FROM due_higher) FOR UPDATE SKIP LOCKED
+     )
+     SELECT seq FROM due_higher UNION ALL SELECT seq FROM due_pending"
 ));
 
 /// "Row `e` is pending", for rows found by `seq`: checked again on the
