@@ -10,7 +10,12 @@
 #   ROUNDS default 3; drain options are added after `--modes single`
 # environment: STORE (default $MAILROOM_TEST_POSTGRES_URL), JOBS (default
 #   100000), MAILROOM_BENCH (a built mailroom-bench; default: build this
-#   checkout --release with $CARGO_TARGET_DIR), GRAPHILE_DIR (see graphile.sh)
+#   checkout --release with $CARGO_TARGET_DIR), GRAPHILE_DIR (see graphile.sh),
+#   FLOOR=1: each round also runs `mailroom-bench floor` (the raw SQL loop
+#   doing only the durable writes a drained event needs on mailroom's
+#   schema, beside the engine's batch drain) and prints floor / graphile:
+#   no dispatcher keeping mailroom's durable record can beat the floor, so
+#   it bounds the ratio any engine on this schema reaches on this machine.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,10 +36,14 @@ trap 'rm -rf "$work"' EXIT
 for ((r = 1; r <= rounds; r++)); do
     order=(graphile mailroom)
     (( r % 2 == 0 )) && order=(mailroom graphile)
+    [[ ${FLOOR:-0} == 1 ]] && order+=(floor)
     for side in "${order[@]}"; do
         echo "vs-graphile.sh: round $r/$rounds: $side (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
         if [[ $side == graphile ]]; then
             "$here/graphile.sh" --store "$store" --jobs "$jobs" --json >"$work/graphile-$r.json"
+        elif [[ $side == floor ]]; then
+            RUST_LOG=${RUST_LOG:-error} "$bench" floor --store "$store" --events "$jobs" \
+                --json >"$work/floor-$r.json"
         else
             RUST_LOG=${RUST_LOG:-error} "$bench" drain --store "$store" --modes single \
                 --events "$jobs" --json "$@" >"$work/mailroom-$r.json"
@@ -76,4 +85,22 @@ print(f"median mailroom/graphile: {statistics.median(ratios):.2f}x (rounds: "
       + ", ".join(f"{x:.2f}x" for x in ratios) + "); target >= 2x")
 if cpu_ratios:
     print(f"median PostgreSQL CPU per event, mailroom/graphile: {statistics.median(cpu_ratios):.2f}x")
+try:
+    floors = [load(f"floor-{r}") for r in range(1, rounds + 1)]
+except FileNotFoundError:
+    floors = []
+if floors:
+    print("floor rounds (after the round's graphile and mailroom sides): raw SQL floor, "
+          "the engine's batch drain and its single drain again")
+    print(f"{'round':<6}{'side':<10}{'per s':>12}{'pg s/1k':>13}{'WAL MiB/1k':>12}{'rec/ev':>9}{'ev/pg CPU-s':>13}{'x/g':>8}")
+    by_side = {"floor": [], "batch": [], "single": []}
+    for r, f in enumerate(floors, start=1):
+        g, fr = load(f"graphile-{r}")["jobs_per_sec"], f["rounds"][0]
+        for side, res in (("floor", fr["raw"]), ("batch", fr["batch"]), ("single", fr["single"])):
+            by_side[side].append(res["events_per_sec"] / g)
+            print(f"{r:<6}" + row(side, res["events_per_sec"], res.get("db"))
+                  + f"{res['events_per_sec'] / g:>7.2f}x")
+    print("median against graphile: " + ", ".join(
+        f"{side} {statistics.median(v):.2f}x" for side, v in by_side.items())
+        + " (the floor bounds what any engine on mailroom's schema reaches here)")
 PY
