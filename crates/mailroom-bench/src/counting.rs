@@ -3,8 +3,9 @@
 //! figure can be explained without touching the engine.
 
 use mailroom::{
-    ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
-    NewEvent, Page, PurgeReport, Retention, Store, TopicStats, TopicStream,
+    ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
+    LimitedClaim, ListFilter, NewEvent, Page, PurgeReport, Retention, Store, TopicStats,
+    TopicStream,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -122,6 +123,27 @@ impl CountingStore {
             calls: Arc::default(),
         }
     }
+
+    /// Counts a claim of `req` begun at `started` that took `claimed` events.
+    fn count_claim<E>(
+        &self,
+        req: &ClaimRequest,
+        started: std::time::Instant,
+        claimed: Result<usize, E>,
+    ) {
+        bump(&self.calls.claims, 1);
+        bump(&self.calls.asked, u64::from(req.max));
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        bump(&self.calls.claim_micros, took);
+        self.calls
+            .claim_max_micros
+            .fetch_max(took, Ordering::Relaxed);
+        match claimed {
+            Ok(0) => bump(&self.calls.empty_claims, 1),
+            Ok(n) => bump(&self.calls.claimed, n as u64),
+            Err(_) => bump(&self.calls.errors, 1),
+        }
+    }
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -140,20 +162,9 @@ impl Store for CountingStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> mailroom::Result<Vec<Claimed>> {
-        bump(&self.calls.claims, 1);
-        bump(&self.calls.asked, u64::from(req.max));
         let started = std::time::Instant::now();
         let r = self.inner.claim(req).await;
-        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        bump(&self.calls.claim_micros, took);
-        self.calls
-            .claim_max_micros
-            .fetch_max(took, Ordering::Relaxed);
-        match &r {
-            Ok(v) if v.is_empty() => bump(&self.calls.empty_claims, 1),
-            Ok(v) => bump(&self.calls.claimed, v.len() as u64),
-            Err(_) => bump(&self.calls.errors, 1),
-        }
+        self.count_claim(req, started, r.as_ref().map(Vec::len));
         r
     }
 
@@ -185,6 +196,36 @@ impl Store for CountingStore {
             r.iter().filter(|x| x.is_err()).count() as u64,
         );
         r
+    }
+
+    fn shares_commits(&self) -> bool {
+        self.inner.shares_commits()
+    }
+
+    /// Counted as a `complete_many` (when `done` is not empty) and a claim.
+    async fn complete_and_claim(
+        &self,
+        done: Vec<(EventId, FencingToken, Completion)>,
+        req: &ClaimRequest,
+        limits: Option<ClaimLimits>,
+    ) -> (Vec<mailroom::Result<()>>, mailroom::Result<LimitedClaim>) {
+        if !done.is_empty() {
+            bump(&self.calls.complete_many, 1);
+            bump(&self.calls.completes, done.len() as u64);
+        }
+        let started = std::time::Instant::now();
+        let (recorded, claim) = self.inner.complete_and_claim(done, req, limits).await;
+        bump(
+            &self.calls.errors,
+            recorded.iter().filter(|x| x.is_err()).count() as u64,
+        );
+        let claimed = match &claim {
+            Ok(LimitedClaim::Claimed { claimed, .. }) => Ok(claimed.len()),
+            Ok(LimitedClaim::Wait(_)) => Ok(0),
+            Err(_) => Err(()),
+        };
+        self.count_claim(req, started, claimed);
+        (recorded, claim)
     }
 
     async fn extend(

@@ -117,6 +117,7 @@ macro_rules! suite {
             concurrent_claimers_never_share_an_event,
             stale_token_is_rejected_after_rescue_and_reclaim,
             complete_many_applies_each_item_on_its_own_token,
+            complete_and_claim_records_before_it_claims,
             extend_needs_the_current_token,
             rescue_counts_the_attempt_as_lease_expired,
             rescue_sends_an_exhausted_event_dead,

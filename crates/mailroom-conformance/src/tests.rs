@@ -8,8 +8,8 @@ use crate::event;
 use bytes::Bytes;
 use mailroom_core::Delivery;
 use mailroom_core::{
-    AttemptOutcome, ClaimRequest, Claimed, Completion, EventId, EventSearch, FencingToken,
-    ListFilter, OnDead, Retention, Status, Store, StoreError,
+    AttemptOutcome, ClaimLimits, ClaimRequest, Claimed, Completion, EventId, EventSearch,
+    FencingToken, LimitedClaim, ListFilter, OnDead, Retention, Status, Store, StoreError,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -335,6 +335,69 @@ pub async fn complete_many_applies_each_item_on_its_own_token(s: S) {
     let gc = s.get(c).await.unwrap().unwrap();
     assert_eq!(gc.status, Status::Pending);
     assert_eq!(gc.last_error.as_deref(), Some("later"));
+}
+
+/// Outcomes recorded and a claim made in one call: each outcome exactly as
+/// `complete_many` records it (a stale or unknown one fails alone), and the
+/// claim sees them recorded: the key an outcome ends is claimable in the
+/// same call, and `max_running` counts the events it ended as not running.
+pub async fn complete_and_claim_records_before_it_claims(s: S) {
+    let a = insert(&s, "orders", "a", Some("k1")).await;
+    let b = insert(&s, "orders", "b", Some("k1")).await;
+    let c = insert(&s, "orders", "c", Some("k2")).await;
+    let r = seq_req("orders", 10, OnDead::Block);
+    let first = claim(&s, &seq_req("orders", 1, OnDead::Block)).await;
+    assert_eq!(ids(&first), vec![a]);
+    let done = vec![
+        (a, first[0].token, Completion::Done),
+        (EventId::new(), FencingToken(1), Completion::Done),
+    ];
+    let (results, claimed) = s.complete_and_claim(done, &r, None).await;
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(
+        matches!(results[1], Err(StoreError::NotFound)),
+        "{:?}",
+        results[1]
+    );
+    let Ok(LimitedClaim::Claimed {
+        claimed,
+        asked: 10,
+        capped: false,
+    }) = claimed
+    else {
+        panic!("a plain claim: {claimed:?}");
+    };
+    let mut got = ids(&claimed);
+    got.sort_by_key(|id| id.to_string());
+    let mut want = vec![b, c];
+    want.sort_by_key(|id| id.to_string());
+    assert_eq!(got, want, "a's key is free once a is done");
+    assert_eq!(s.get(a).await.unwrap().unwrap().status, Status::Done);
+    let tb = claimed.iter().find(|x| x.event.id == b).unwrap().token;
+    let tc = claimed.iter().find(|x| x.event.id == c).unwrap().token;
+    let d = insert(&s, "orders", "d", Some("k3")).await;
+    let one = Some(ClaimLimits {
+        rate: None,
+        max_running: Some(1),
+    });
+    let stale = vec![(b, FencingToken(tb.0 + 7), Completion::Done)];
+    let (results, claimed) = s.complete_and_claim(stale, &r, one).await;
+    assert!(
+        matches!(results[0], Err(StoreError::StaleToken)),
+        "{:?}",
+        results[0]
+    );
+    assert!(
+        matches!(&claimed, Ok(LimitedClaim::Claimed { claimed, capped: true, .. }) if claimed.is_empty()),
+        "b and c still run: {claimed:?}"
+    );
+    let ended = vec![(b, tb, Completion::Done), (c, tc, Completion::Done)];
+    let (results, claimed) = s.complete_and_claim(ended, &r, one).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert!(
+        matches!(&claimed, Ok(LimitedClaim::Claimed { claimed, .. }) if ids(claimed) == vec![d]),
+        "b and c ended in the same call: {claimed:?}"
+    );
 }
 
 /// `attempt_window` reports, per topic, the attempts finished in the window

@@ -351,6 +351,44 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         futures_util::future::join_all(each).await
     }
 
+    /// Whether [`complete_and_claim`](Store::complete_and_claim) records and
+    /// claims in one commit. A dispatcher then records its attempts'
+    /// outcomes with its next claim instead of each on its own.
+    fn shares_commits(&self) -> bool {
+        false
+    }
+
+    /// Records `done` exactly as [`complete_many`](Store::complete_many)
+    /// does, then claims `req`: within `limits` as
+    /// [`claim_limited`](Store::claim_limited) does when they are given, as
+    /// [`claim`](Store::claim) otherwise (`asked` = `req.max`, never
+    /// `capped`). The claim sees every outcome of `done` recorded (a key it
+    /// unblocked may be claimed). The outcomes' results do not depend on
+    /// the claim's: a failed claim leaves them recorded. The default makes
+    /// the two calls one after the other; a backend whose
+    /// [`shares_commits`](Store::shares_commits) is `true` makes one commit.
+    async fn complete_and_claim(
+        &self,
+        done: Vec<(EventId, FencingToken, Completion)>,
+        req: &ClaimRequest,
+        limits: Option<ClaimLimits>,
+    ) -> (Vec<Result<()>>, Result<LimitedClaim>) {
+        let recorded = if done.is_empty() {
+            Vec::new()
+        } else {
+            self.complete_many(done).await
+        };
+        let claimed = match limits {
+            Some(limits) => self.claim_limited(req, limits).await,
+            None => self.claim(req).await.map(|claimed| LimitedClaim::Claimed {
+                claimed,
+                asked: req.max,
+                capped: false,
+            }),
+        };
+        (recorded, claimed)
+    }
+
     /// Pushes the lease of a running event to now + `lease`, only if `token`
     /// is current. Returns the new end.
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp>;

@@ -173,16 +173,7 @@ impl Store for SqliteStore {
                 sql::complete_many(c, &items, now)
             })
             .await;
-        match outcome {
-            Ok(results) => results,
-            Err(e) => {
-                let text = e.to_string();
-                let mut all = vec![Err(e)];
-                all.extend((1..n).map(|_| Err(StoreError::Unavailable(text.clone()))));
-                all.truncate(n);
-                all
-            }
-        }
+        outcome.unwrap_or_else(|e| failed_all(n, e))
     }
 
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp> {
@@ -207,57 +198,45 @@ impl Store for SqliteStore {
     async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
         let (req, inner) = (req.clone(), self.inner.clone());
         self.write(WhenFull::Wait, move |c, now| {
-            let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
-            let room = match limits.max_running {
-                Some(max) => max.saturating_sub(count_running(c, &req.topic)?),
-                None => want,
-            };
-            let capped = room < want;
-            if room == 0 || want == 0 {
-                let claimed = Vec::new();
-                return Ok(LimitedClaim::Claimed {
-                    claimed,
-                    asked: want,
-                    capped,
-                });
-            }
-            let Some(rate) = limits.rate else {
-                let req = ClaimRequest {
-                    max: want.min(room),
-                    ..req
-                };
-                let claimed = sql::claim(c, &req, now)?;
-                return Ok(LimitedClaim::Claimed {
-                    claimed,
-                    asked: req.max,
-                    capped,
-                });
-            };
-            let grant = inner.limits.take(&req.topic, rate, want.min(room));
-            if grant.granted == 0 {
-                return Ok(LimitedClaim::Wait(grant.wait));
-            }
-            let asked = grant.granted;
-            let claimed = sql::claim(
-                c,
-                &ClaimRequest {
-                    max: asked,
-                    ..req.clone()
-                },
-                now,
-            );
-            let used = claimed
-                .as_ref()
-                .map_or(0, |c| u32::try_from(c.len()).unwrap_or(asked));
-            // Tokens for events that were not there are not spent.
-            inner.limits.give_back(&req.topic, rate, asked - used);
-            Ok(LimitedClaim::Claimed {
-                claimed: claimed?,
-                asked,
-                capped,
-            })
+            claim_within(c, &inner.limits, req, limits, now)
         })
         .await
+    }
+
+    fn shares_commits(&self) -> bool {
+        true
+    }
+
+    /// One writer job, so one commit: the outcomes applied set-based (as
+    /// `complete_many`), then the claim in a savepoint of its own, so a
+    /// failed claim leaves the outcomes recorded. It waits for room in the
+    /// writer's queue as a claim does.
+    async fn complete_and_claim(
+        &self,
+        done: Vec<(EventId, FencingToken, Completion)>,
+        req: &ClaimRequest,
+        limits: Option<ClaimLimits>,
+    ) -> (Vec<Result<()>>, Result<LimitedClaim>) {
+        let n = done.len();
+        let (req, inner) = (req.clone(), self.inner.clone());
+        let outcome = self
+            .write(WhenFull::Wait, move |c, now| {
+                let recorded = if done.is_empty() {
+                    Vec::new()
+                } else {
+                    sql::complete_many(c, &done, now)?
+                };
+                let claimed = in_savepoint(c, || match limits {
+                    Some(limits) => claim_within(c, &inner.limits, req, limits, now),
+                    None => claim_plain(c, &req, now),
+                });
+                Ok((recorded, claimed))
+            })
+            .await;
+        outcome.unwrap_or_else(|e| {
+            let text = e.to_string();
+            (failed_all(n, e), Err(StoreError::Unavailable(text)))
+        })
     }
 
     async fn expire(&self, topic: &str, expire_after: Duration, limit: u32) -> Result<u64> {
@@ -378,4 +357,105 @@ fn count_running(c: &Connection, topic: &str) -> Result<u32> {
         .and_then(|mut st| st.query_row([topic], |r| r.get(0)))
         .map_err(db("counting running events"))?;
     Ok(u32::try_from(running).unwrap_or(u32::MAX))
+}
+
+/// The results of `n` writes that failed together: `e` for the first, the
+/// store unavailable for the others, with `e`'s text.
+fn failed_all(n: usize, e: StoreError) -> Vec<Result<()>> {
+    let text = e.to_string();
+    let mut all = vec![Err(e)];
+    all.extend((1..n).map(|_| Err(StoreError::Unavailable(text.clone()))));
+    all.truncate(n);
+    all
+}
+
+/// Runs `work` in a savepoint of its own inside the writer's transaction:
+/// undone alone if it fails.
+fn in_savepoint<T>(c: &Connection, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    c.execute_batch("SAVEPOINT claim")
+        .map_err(db("opening a claim savepoint"))?;
+    let result = work();
+    let end = if result.is_ok() {
+        "RELEASE claim"
+    } else {
+        "ROLLBACK TO claim; RELEASE claim"
+    };
+    c.execute_batch(end)
+        .map_err(db("closing a claim savepoint"))?;
+    result
+}
+
+/// `req` claimed with no limits, as [`Store::claim`] answers within
+/// [`Store::complete_and_claim`].
+fn claim_plain(c: &Connection, req: &ClaimRequest, now: i64) -> Result<LimitedClaim> {
+    let claimed = if req.max == 0 {
+        Vec::new()
+    } else {
+        sql::claim(c, req, now)?
+    };
+    Ok(LimitedClaim::Claimed {
+        claimed,
+        asked: req.max,
+        capped: false,
+    })
+}
+
+/// Counts, takes tokens and claims `req` within `limits`, in the writer's
+/// transaction (see [`Store::claim_limited`]).
+fn claim_within(
+    c: &Connection,
+    budgets: &crate::limits::Limits,
+    req: ClaimRequest,
+    limits: ClaimLimits,
+    now: i64,
+) -> Result<LimitedClaim> {
+    let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
+    let room = match limits.max_running {
+        Some(max) => max.saturating_sub(count_running(c, &req.topic)?),
+        None => want,
+    };
+    let capped = room < want;
+    if room == 0 || want == 0 {
+        let claimed = Vec::new();
+        return Ok(LimitedClaim::Claimed {
+            claimed,
+            asked: want,
+            capped,
+        });
+    }
+    let Some(rate) = limits.rate else {
+        let req = ClaimRequest {
+            max: want.min(room),
+            ..req
+        };
+        let claimed = sql::claim(c, &req, now)?;
+        return Ok(LimitedClaim::Claimed {
+            claimed,
+            asked: req.max,
+            capped,
+        });
+    };
+    let grant = budgets.take(&req.topic, rate, want.min(room));
+    if grant.granted == 0 {
+        return Ok(LimitedClaim::Wait(grant.wait));
+    }
+    let asked = grant.granted;
+    let claimed = sql::claim(
+        c,
+        &ClaimRequest {
+            max: asked,
+            ..req.clone()
+        },
+        now,
+    );
+    let used = claimed
+        .as_ref()
+        .map_or(0, |c| u32::try_from(c.len()).unwrap_or(asked));
+    // Tokens for events that were not there are not spent.
+    budgets.give_back(&req.topic, rate, asked - used);
+    Ok(LimitedClaim::Claimed {
+        claimed: claimed?,
+        asked,
+        capped,
+    })
 }

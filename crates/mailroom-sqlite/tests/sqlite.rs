@@ -96,6 +96,31 @@ async fn without_group_commit_each_write_commits_alone() {
 }
 
 /// A second store on the same file (the CLI) can replay while the first keeps writing, and the first sees it.
+/// A topic loop's outcomes and its next claim share one commit: 50
+/// outcomes recorded and 50 events claimed by one `complete_and_claim`
+/// are one transaction, not one for the outcomes and one for the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_and_the_next_claim_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("t.db"), |_| {}).await;
+    insert_concurrently(&store, 4, 25).await;
+    let first = store.claim(&claim_req(50)).await.unwrap();
+    let done = first
+        .iter()
+        .map(|c| (c.event.id, c.token, Completion::Done))
+        .collect();
+    let before = store.commits();
+    let (recorded, next) = store.complete_and_claim(done, &claim_req(50), None).await;
+    assert_eq!(store.commits() - before, 1);
+    assert!(recorded.iter().all(Result::is_ok), "{recorded:?}");
+    assert!(
+        matches!(&next, Ok(mailroom_core::LimitedClaim::Claimed { claimed, .. }) if claimed.len() == 50),
+        "{next:?}"
+    );
+    let done = store.stats().await.unwrap()[0].count(Status::Done);
+    assert_eq!(done, 50);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_can_replay_while_the_first_writes() {
     let dir = tempfile::tempdir().unwrap();
