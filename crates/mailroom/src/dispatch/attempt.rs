@@ -6,12 +6,14 @@ use super::TopicRuntime;
 use super::telemetry::record_outcome;
 use crate::handler::Handler;
 use futures::FutureExt;
-use mailroom_core::{Claimed, Completion, Event, Outcome, RetryPolicy, Store, StoreError};
+use mailroom_core::{
+    Claimed, Completion, Event, EventId, FencingToken, Outcome, RetryPolicy, Store, StoreError,
+};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{Instrument, error, info_span, warn};
 
 /// Runs `work` (a handler call) under `timeout`, catching a panic. Returns
@@ -64,17 +66,41 @@ pub(super) fn settle(
     completion
 }
 
+/// Where an attempt of a single or sequential topic sends its outcome.
+#[derive(Clone)]
+pub(super) enum Record {
+    /// The attempt records it on its own, having traded its handler slot
+    /// for a place among the outcomes being recorded
+    /// ([`Slot::into_recording`]), so the loop claims the next events
+    /// while this outcome is committed; then it wakes the loop (a key may
+    /// have unblocked). For stores that cannot share one commit between
+    /// outcomes and a claim.
+    Alone,
+    /// Handed to the topic's loop with the handler slot, which the loop
+    /// counts as free: it records the outcome and claims into the slot in
+    /// one commit ([`Store::complete_and_claim`]).
+    WithClaim(mpsc::UnboundedSender<Finished>),
+}
+
+/// An attempt's outcome handed to its topic's loop, holding the attempt's
+/// handler slot until it is recorded.
+pub(super) struct Finished {
+    pub id: EventId,
+    pub token: FencingToken,
+    pub completion: Completion,
+    pub slot: OwnedSemaphorePermit,
+}
+
 /// One attempt of a single or sequential topic: the handler, its outcome
-/// resolved and stored with the claim's fencing token, then a wake-up for
-/// the topic's loop (a key may have unblocked). The handler's `slot` is
-/// given back as soon as its verdict is in ([`Slot::into_recording`]), so the
-/// loop claims the next events while this outcome is being committed.
+/// resolved, then recorded with the claim's fencing token as `record`
+/// says.
 pub(super) async fn run_attempt(
     store: &dyn Store,
     topic: &TopicRuntime,
     handler: &dyn Handler,
     c: Claimed,
     slot: Slot,
+    record: Record,
 ) {
     let event = &c.event;
     let span = info_span!("attempt", event_id = %event.id, topic = %event.topic,
@@ -88,21 +114,43 @@ pub(super) async fn run_attempt(
             super::limits::pause(store, topic, pause).await;
         }
         let completion = settle(topic, event, outcome, elapsed);
-        let _recording = slot.into_recording().await;
-        match store.complete(event.id, c.token, completion).await {
-            Ok(()) => {}
-            Err(StoreError::StaleToken) => {
-                warn!("outcome discarded: the lease was lost and the event was handed to another worker");
+        match record {
+            Record::WithClaim(to_loop) => {
+                let finished = Finished {
+                    id: event.id,
+                    token: c.token,
+                    completion,
+                    slot: slot.handler,
+                };
+                // The loop outlives its attempts: the send cannot fail.
+                drop(to_loop.send(finished));
             }
-            Err(e) => {
-                // The lease will expire and the event will be rescued.
-                error!(error = %e, "could not record the outcome; the event will be retried after its lease");
+            Record::Alone => {
+                let _recording = slot.into_recording().await;
+                recorded(
+                    event.id,
+                    store.complete(event.id, c.token, completion).await,
+                );
+                topic.wake.notify_one();
             }
         }
-        topic.wake.notify_one();
     }
     .instrument(span)
     .await;
+}
+
+/// Logs an outcome that could not be recorded.
+pub(super) fn recorded(id: EventId, result: Result<(), StoreError>) {
+    match result {
+        Ok(()) => {}
+        Err(StoreError::StaleToken) => {
+            warn!(event_id = %id, "outcome discarded: the lease was lost and the event was handed to another worker");
+        }
+        Err(e) => {
+            // The lease will expire and the event will be rescued.
+            error!(event_id = %id, error = %e, "could not record the outcome; the event will be retried after its lease");
+        }
+    }
 }
 
 /// An attempt's hold on its topic's capacity: a handler slot (of

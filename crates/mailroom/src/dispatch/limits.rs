@@ -10,7 +10,9 @@
 //! is being made.
 
 use super::TopicRuntime;
-use mailroom_core::{ClaimLimits, ClaimRequest, LimitedClaim, Result, Store};
+use mailroom_core::{
+    ClaimLimits, ClaimRequest, Completion, EventId, FencingToken, LimitedClaim, Result, Store,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -80,20 +82,49 @@ pub(crate) async fn claim(
     if let Some(left) = topic.pause.left(store, &req.topic).await? {
         return Ok(LimitedClaim::Wait(left));
     }
-    let spec = &topic.spec;
-    if !spec.is_limited() {
-        let claimed = store.claim(req).await?;
-        return Ok(LimitedClaim::Claimed {
-            claimed,
-            asked: req.max,
-            capped: false,
-        });
+    match limits_of(topic) {
+        None => {
+            let claimed = store.claim(req).await?;
+            Ok(LimitedClaim::Claimed {
+                claimed,
+                asked: req.max,
+                capped: false,
+            })
+        }
+        Some(limits) => store.claim_limited(req, limits).await,
     }
-    let limits = ClaimLimits {
+}
+
+/// [`claim`], recording `done` (a topic loop's outcomes) first, in the
+/// same commit where the store can ([`Store::complete_and_claim`]). The
+/// outcomes are recorded even when the topic is paused or its pause
+/// cannot be read.
+pub(crate) async fn claim_recording(
+    store: &dyn Store,
+    topic: &TopicRuntime,
+    req: &ClaimRequest,
+    done: Vec<(EventId, FencingToken, Completion)>,
+) -> (Vec<Result<()>>, Result<LimitedClaim>) {
+    if done.is_empty() {
+        return (Vec::new(), claim(store, topic, req).await);
+    }
+    match topic.pause.left(store, &req.topic).await {
+        Ok(None) => store.complete_and_claim(done, req, limits_of(topic)).await,
+        Ok(Some(left)) => (
+            store.complete_many(done).await,
+            Ok(LimitedClaim::Wait(left)),
+        ),
+        Err(e) => (store.complete_many(done).await, Err(e)),
+    }
+}
+
+/// The limits `topic`'s claims meet in the store, if it has any.
+fn limits_of(topic: &TopicRuntime) -> Option<ClaimLimits> {
+    let spec = &topic.spec;
+    spec.is_limited().then_some(ClaimLimits {
         rate: spec.rate,
         max_running: spec.max_running,
-    };
-    store.claim_limited(req, limits).await
+    })
 }
 
 /// Pauses `topic` for `pause` (a handler's 429 + `Retry-After`): at once

@@ -2,13 +2,21 @@
 //! attempts.
 //!
 //! A topic loop never polls on a fixed tick. It claims as many events as it
-//! has free slots — a slot is a handler call, given back as soon as the
-//! verdict is in, so the next claim overlaps the commit of the last
-//! outcomes (`attempt::Slot`) —; when fewer come back, it sleeps until the earliest of: a
-//! wake-up (an intake commit or a finished attempt calls
-//! [`Notify::notify_one`], which is remembered if nobody is waiting yet), the
-//! next due time the store reports, or the polling fallback (`poll`, 1 s by
-//! default — it catches writes made by other processes, such as a CLI replay).
+//! has free slots (a slot is a handler call); when fewer come back, it
+//! sleeps until the earliest of: a wake-up (an intake commit or a finished
+//! attempt calls [`Notify::notify_one`], which is remembered if nobody is
+//! waiting yet), the next due time the store reports, or the polling
+//! fallback (`poll`, 1 s by default — it catches writes made by other
+//! processes, such as a CLI replay).
+//!
+//! An attempt's outcome is recorded in one of two ways (`attempt::Record`).
+//! With a store that shares commits ([`Store::shares_commits`], SQLite),
+//! the attempt hands it to its loop with its slot, and the loop records
+//! every outcome handed over with its next claim, in one commit
+//! ([`Store::complete_and_claim`]), as a hand-made relay marks a group
+//! done and takes the next in one transaction. Otherwise the attempt
+//! records it on its own and gives its slot back as soon as the verdict is
+//! in (`attempt::Slot`), so the loop's next claim overlaps that commit.
 //!
 //! Single and sequential topics run here, batch topics in [`batch`]; both
 //! share the attempt runner (`attempt`), the sleep until the next due time
@@ -25,11 +33,13 @@ pub(crate) use notifications::run_notifications;
 
 use crate::handler::SharedHandler;
 use crate::topology::TopicSpec;
-use attempt::{Slot, release, run_attempt};
-use mailroom_core::{ClaimRequest, Claimed, LimitedClaim, Store};
+use attempt::{Finished, Record, Slot, release, run_attempt};
+use mailroom_core::{
+    ClaimRequest, Claimed, Completion, EventId, FencingToken, LimitedClaim, Store,
+};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
@@ -69,7 +79,8 @@ impl TopicRuntime {
 }
 
 /// Runs one topic until `shutdown`, then waits for attempts in flight (each
-/// is bounded by the topic's timeout, so this ends).
+/// is bounded by the topic's timeout, so this ends) and records their
+/// outcomes.
 pub(crate) async fn run_topic(
     store: Arc<dyn Store>,
     topic: Arc<TopicRuntime>,
@@ -78,6 +89,14 @@ pub(crate) async fn run_topic(
     poll: Duration,
     shutdown: CancellationToken,
 ) {
+    let (to_loop, finished) = mpsc::unbounded_channel();
+    // Without sharing, no sender is kept: `finished` is closed from the start.
+    let record = if store.shares_commits() {
+        Record::WithClaim(to_loop)
+    } else {
+        drop(to_loop);
+        Record::Alone
+    };
     let attempts = Attempts {
         slots: Arc::new(Semaphore::new(topic.spec.concurrency as usize)),
         recording: Arc::new(Semaphore::new(topic.spec.concurrency as usize)),
@@ -85,67 +104,163 @@ pub(crate) async fn run_topic(
         store: store.clone(),
         topic: topic.clone(),
         handler,
+        record,
     };
-    let mut backoff = BACKOFF_FIRST;
-    while !shutdown.is_cancelled() {
-        let free = attempts.slots.available_permits() as u32;
+    let mut topic_loop = TopicLoop {
+        store,
+        topic,
+        worker,
+        poll,
+        shutdown,
+        attempts,
+        finished,
+        done: Vec::new(),
+        backoff: BACKOFF_FIRST,
+    };
+    while !topic_loop.shutdown.is_cancelled() && topic_loop.round().await {}
+    topic_loop.finish().await;
+}
+
+/// A topic loop's state between claims.
+struct TopicLoop {
+    store: Arc<dyn Store>,
+    topic: Arc<TopicRuntime>,
+    worker: String,
+    poll: Duration,
+    shutdown: CancellationToken,
+    attempts: Attempts,
+    /// Outcomes handed over by attempts (`Record::WithClaim`).
+    finished: mpsc::UnboundedReceiver<Finished>,
+    /// Outcomes taken from `finished`, to be recorded with the next claim.
+    done: Vec<Finished>,
+    backoff: Duration,
+}
+
+impl TopicLoop {
+    /// One claim into the free slots, recording the outcomes handed over
+    /// since the last one, then a wait if it came back short. `false` once
+    /// `shutdown` is seen.
+    async fn round(&mut self) -> bool {
+        self.take_finished();
+        // The slots of the outcomes taken are free once they are recorded,
+        // in the claim's own commit.
+        let free = (self.attempts.slots.available_permits() + self.done.len()) as u32;
         if free == 0 {
             // Full: wait for one attempt to end.
             tokio::select! {
-                permit = attempts.slots.clone().acquire_owned() => drop(permit),
-                () = shutdown.cancelled() => break,
+                permit = self.attempts.slots.clone().acquire_owned() => drop(permit),
+                Some(f) = self.finished.recv() => self.done.push(f),
+                () = self.shutdown.cancelled() => return false,
             }
             // Let the other attempts whose verdicts are in free their slots
             // too (the first one woke this loop), so the claim takes them
             // all at once rather than one event now and the rest next.
             tokio::task::yield_now().await;
-            continue;
+            return true;
         }
-        let want = free.min(MAX_CLAIM);
-        let req = topic.claim_request(&worker, want);
-        let (claimed, asked, capped) = match limits::claim(&*store, &topic, &req).await {
+        let req = self.topic.claim_request(&self.worker, free.min(MAX_CLAIM));
+        let (claimed, asked, capped) = match self.claim(&req).await {
             Ok(LimitedClaim::Claimed {
                 claimed,
                 asked,
                 capped,
             }) => (claimed, asked, capped),
             Ok(LimitedClaim::Wait(d)) => {
-                backoff = BACKOFF_FIRST;
-                if !idle::nap(&topic.wake, d, &shutdown).await {
-                    break;
-                }
-                continue;
+                self.backoff = BACKOFF_FIRST;
+                return self.nap(d).await;
             }
             Err(e) => {
-                warn!(topic = %topic.spec.name, error = %e, "claim failed; retrying");
-                if !idle::sleep(backoff, &shutdown).await {
-                    break;
-                }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                continue;
+                warn!(topic = %self.topic.spec.name, error = %e, "claim failed; retrying");
+                let backoff = self.backoff;
+                self.backoff = (backoff * 2).min(BACKOFF_MAX);
+                return self.nap(backoff).await;
             }
         };
-        backoff = BACKOFF_FIRST;
+        self.backoff = BACKOFF_FIRST;
         let got = claimed.len() as u32;
         for c in claimed {
-            attempts.start(c).await;
+            self.attempts.start(c).await;
         }
         if got == asked {
-            continue;
+            return true;
         }
         // Fewer than asked: nothing more is due right now, or max_running
         // is full (ask again soon: other instances' attempts end unseen).
         let until = if capped {
             limits::RUNNING_RECHECK
         } else {
-            idle::until_due(&*store, &req, poll, backoff).await
+            idle::until_due(&*self.store, &req, self.poll, self.backoff).await
         };
-        if !idle::nap(&topic.wake, until, &shutdown).await {
-            break;
+        self.nap(until).await
+    }
+
+    /// Claims `req`, recording the outcomes taken so far in the same
+    /// commit; their slots are given back once they are.
+    async fn claim(&mut self, req: &ClaimRequest) -> mailroom_core::Result<LimitedClaim> {
+        let done = std::mem::take(&mut self.done);
+        let (results, claim) =
+            limits::claim_recording(&*self.store, &self.topic, req, items(&done)).await;
+        for (f, result) in done.into_iter().zip(results) {
+            attempt::recorded(f.id, result);
+            drop(f.slot);
+        }
+        claim
+    }
+
+    /// Sleeps for `d` or until a wake-up or an outcome handed over.
+    /// `false` if `shutdown` came first.
+    async fn nap(&mut self, d: Duration) -> bool {
+        tokio::select! {
+            Some(f) = self.finished.recv() => {
+                self.done.push(f);
+                true
+            }
+            awake = idle::nap(&self.topic.wake, d, &self.shutdown) => awake,
         }
     }
-    attempts.tracker.close();
-    attempts.tracker.wait().await;
+
+    /// Moves the outcomes handed over so far into `done`.
+    fn take_finished(&mut self) {
+        while let Ok(f) = self.finished.try_recv() {
+            self.done.push(f);
+        }
+    }
+
+    /// After `shutdown`: records the outcomes of the attempts still in
+    /// flight as they end (no more claims), then waits for the last.
+    async fn finish(mut self) {
+        let Attempts {
+            tracker, record, ..
+        } = self.attempts;
+        tracker.close();
+        // The attempts hold the other senders: `recv` ends after the last.
+        drop(record);
+        let mut done = self.done;
+        loop {
+            while let Ok(f) = self.finished.try_recv() {
+                done.push(f);
+            }
+            if !done.is_empty() {
+                let items = items(&done);
+                for (f, result) in done.drain(..).zip(self.store.complete_many(items).await) {
+                    attempt::recorded(f.id, result);
+                    drop(f.slot);
+                }
+            }
+            match self.finished.recv().await {
+                Some(f) => done.push(f),
+                None => break,
+            }
+        }
+        tracker.wait().await;
+    }
+}
+
+/// What the store records of `done`.
+fn items(done: &[Finished]) -> Vec<(EventId, FencingToken, Completion)> {
+    done.iter()
+        .map(|f| (f.id, f.token, f.completion.clone()))
+        .collect()
 }
 
 /// The attempts of one topic loop: at most its concurrency of handlers at
@@ -157,6 +272,7 @@ struct Attempts {
     store: Arc<dyn Store>,
     topic: Arc<TopicRuntime>,
     handler: SharedHandler,
+    record: Record,
 }
 
 impl Attempts {
@@ -172,10 +288,14 @@ impl Attempts {
             handler: handler_slot,
             recording: self.recording.clone(),
         };
-        let (store, topic, handler) =
-            (self.store.clone(), self.topic.clone(), self.handler.clone());
+        let (store, topic, handler, record) = (
+            self.store.clone(),
+            self.topic.clone(),
+            self.handler.clone(),
+            self.record.clone(),
+        );
         self.tracker.spawn(async move {
-            run_attempt(&*store, &topic, &*handler, c, slot).await;
+            run_attempt(&*store, &topic, &*handler, c, slot, record).await;
         });
     }
 }
