@@ -22,6 +22,7 @@
 //! share the attempt runner (`attempt`), the sleep until the next due time
 //! (`idle`) and the outcome telemetry (`telemetry`).
 
+mod ahead;
 pub(crate) mod attempt;
 pub(crate) mod batch;
 pub(crate) mod idle;
@@ -38,7 +39,7 @@ use mailroom_core::{
     ClaimRequest, Claimed, Completion, EventId, FencingToken, LimitedClaim, Store,
 };
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -46,6 +47,8 @@ use tracing::warn;
 
 /// Most events claimed in one store round trip.
 const MAX_CLAIM: u32 = 256;
+/// The error recorded for an event claimed ahead and given back at shutdown.
+const SHUTTING_DOWN: &str = "released: shutting down before a slot was free";
 /// The first and the longest pause after a failed claim (doubling between).
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -106,7 +109,9 @@ pub(crate) async fn run_topic(
         handler,
         record,
     };
+    let ahead = ahead::Ahead::for_topic(&topic.spec, store.shares_commits());
     let mut topic_loop = TopicLoop {
+        ahead,
         store,
         topic,
         worker,
@@ -134,6 +139,8 @@ struct TopicLoop {
     /// Outcomes taken from `finished`, to be recorded with the next claim.
     done: Vec<Finished>,
     backoff: Duration,
+    /// How many events to claim beyond the free slots (`ahead`).
+    ahead: ahead::Ahead,
 }
 
 impl TopicLoop {
@@ -158,7 +165,8 @@ impl TopicLoop {
             tokio::task::yield_now().await;
             return true;
         }
-        let req = self.topic.claim_request(&self.worker, free.min(MAX_CLAIM));
+        let want = (free + self.ahead.extra(Instant::now())).min(MAX_CLAIM);
+        let req = self.topic.claim_request(&self.worker, want);
         let (claimed, asked, capped) = match self.claim(&req).await {
             Ok(LimitedClaim::Claimed {
                 claimed,
@@ -178,8 +186,19 @@ impl TopicLoop {
         };
         self.backoff = BACKOFF_FIRST;
         let got = claimed.len() as u32;
+        let claimed_at = Instant::now();
+        self.ahead.started(got, claimed_at);
+        let mut claimed = claimed.into_iter();
+        for c in claimed.by_ref() {
+            if !self.attempts.start(c, claimed_at, &self.shutdown).await {
+                break;
+            }
+        }
+        // Shutting down with events claimed ahead still waiting for a
+        // slot: give them back (each counts as an attempt, as a lease
+        // released early does) rather than leave them to their leases.
         for c in claimed {
-            self.attempts.start(c).await;
+            release(&*self.store, &c, SHUTTING_DOWN).await;
         }
         if got == asked {
             return true;
@@ -276,13 +295,26 @@ struct Attempts {
 }
 
 impl Attempts {
-    /// Starts an attempt of `c` in a free slot.
-    async fn start(&self, c: Claimed) {
-        let Ok(handler_slot) = self.slots.clone().try_acquire_owned() else {
-            // Cannot happen (the loop claims at most the free slots); release
-            // the lease rather than run over the concurrency bound.
-            release(&*self.store, &c, "released: no free slot").await;
-            return;
+    /// Starts an attempt of `c`, claimed at `claimed_at`, in a free slot,
+    /// waiting for one if `c` was claimed ahead (`ahead`). `false` if
+    /// `shutdown` came first (`c` was given back).
+    async fn start(&self, c: Claimed, claimed_at: Instant, shutdown: &CancellationToken) -> bool {
+        let handler_slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let slot = tokio::select! {
+                    slot = self.slots.clone().acquire_owned() => slot,
+                    () = shutdown.cancelled() => {
+                        release(&*self.store, &c, SHUTTING_DOWN).await;
+                        return false;
+                    }
+                };
+                let Ok(slot) = slot else { return false };
+                if !self.lease_covers_attempt(&c, claimed_at).await {
+                    return true;
+                }
+                slot
+            }
         };
         let slot = Slot {
             handler: handler_slot,
@@ -297,5 +329,24 @@ impl Attempts {
         self.tracker.spawn(async move {
             run_attempt(&*store, &topic, &*handler, c, slot, record).await;
         });
+        true
+    }
+
+    /// Whether `c`, claimed ahead at `claimed_at` and now holding a slot,
+    /// has the lease its attempt needs: extended first if it waited so long
+    /// that what is left no longer covers the timeout. `false` when the
+    /// lease was lost meanwhile (the event is someone else's now).
+    async fn lease_covers_attempt(&self, c: &Claimed, claimed_at: Instant) -> bool {
+        let spec = &self.topic.spec;
+        if !ahead::lease_too_short(claimed_at, Instant::now(), spec.lease, spec.timeout) {
+            return true;
+        }
+        match self.store.extend(c.event.id, c.token, spec.lease).await {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(topic = %spec.name, event = %c.event.id, error = %e, "an event claimed ahead lost its lease while waiting for a slot; not started");
+                false
+            }
+        }
     }
 }
