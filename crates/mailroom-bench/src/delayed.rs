@@ -3,7 +3,7 @@
 //! completed) once untimed, to warm it, then again with each claim
 //! statement timed, with the store otherwise empty; then `--events`
 //! events delayed by a day are stored, and the same batches are timed
-//! again beside them, with `next_due` too. The ratio
+//! again beside them, twice, with `next_due` too. The ratio
 //! (backlog over empty) is the figure: near 1 means the claims never walk
 //! the delayed events.
 
@@ -45,8 +45,13 @@ pub struct DelayedResult {
     pub preload_per_sec: f64,
     pub empty: Round,
     pub backlog: Round,
+    /// The backlog round once more, right after: the first runs beside
+    /// whatever storing the backlog set off (autovacuum of its rows).
+    pub backlog_again: Round,
     /// `backlog.claim_p50_ms / empty.claim_p50_ms`.
     pub p50_ratio: f64,
+    /// `backlog_again.claim_p50_ms / empty.claim_p50_ms`.
+    pub p50_ratio_again: f64,
 }
 
 fn new_event(n: u64, delivery: Delivery) -> NewEvent {
@@ -155,6 +160,7 @@ pub async fn run(s: &Settings, backend: &Backend) -> anyhow::Result<DelayedResul
     store_many(&store, s.events, day, s.concurrency).await?;
     let preload_secs = started.elapsed().as_secs_f64();
     let backlog = round(&store, s, s.events).await?;
+    let backlog_again = round(&store, s, s.events).await?;
     opened.close().await;
     fresh.cleanup().await?;
     Ok(DelayedResult {
@@ -162,8 +168,10 @@ pub async fn run(s: &Settings, backend: &Backend) -> anyhow::Result<DelayedResul
         preload_secs,
         preload_per_sec: s.events as f64 / preload_secs.max(1e-9),
         p50_ratio: backlog.claim_p50_ms / empty.claim_p50_ms.max(1e-9),
+        p50_ratio_again: backlog_again.claim_p50_ms / empty.claim_p50_ms.max(1e-9),
         empty,
         backlog,
+        backlog_again,
     })
 }
 
@@ -176,7 +184,7 @@ pub fn print(s: &Settings, r: &DelayedResult) {
         "{:>16} {:>7} {:>14} {:>14} {:>12}",
         "delayed in store", "claims", "claim p50 ms", "claim p95 ms", "next_due ms"
     );
-    for round in [&r.empty, &r.backlog] {
+    for round in [&r.empty, &r.backlog, &r.backlog_again] {
         println!(
             "{:>16} {:>7} {:>14.3} {:>14.3} {:>12.3}",
             round.delayed_in_store,
@@ -186,5 +194,8 @@ pub fn print(s: &Settings, r: &DelayedResult) {
             round.next_due_ms
         );
     }
-    println!("claim p50, backlog / empty: {:.2}x", r.p50_ratio);
+    println!(
+        "claim p50, backlog / empty: {:.2}x, again right after {:.2}x",
+        r.p50_ratio, r.p50_ratio_again
+    );
 }
