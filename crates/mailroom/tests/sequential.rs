@@ -12,7 +12,17 @@ use tokio_util::sync::CancellationToken;
 
 async fn store(dir: &tempfile::TempDir) -> Arc<dyn mailroom::Store> {
     let url = format!("sqlite://{}", dir.path().join("m.db").display());
-    let store = mailroom::open_store(&url, true).await.expect("open");
+    open(&url).await
+}
+
+/// A fresh PostgreSQL database: there a fast topic claims heads ahead of
+/// its free slots (`dispatch/ahead.rs`).
+async fn postgres_store() -> Arc<dyn mailroom::Store> {
+    open(&mailroom_testkit::fresh_postgres_db().await).await
+}
+
+async fn open(url: &str) -> Arc<dyn mailroom::Store> {
+    let store = mailroom::open_store(url, true).await.expect("open");
     store.migrate().await.expect("migrate");
     store
 }
@@ -50,10 +60,21 @@ struct Run {
 /// one key ever overlap, while different keys do run in parallel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_per_key_holds_under_random_failures() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    order_per_key_under_random_failures(store(&dir).await, 32).await;
+}
+
+/// The same on PostgreSQL, where the topic also claims heads ahead: with
+/// fewer slots (4) than keys (20), claimed heads wait for a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_per_key_holds_under_random_failures_on_postgres() {
+    order_per_key_under_random_failures(postgres_store().await, 4).await;
+}
+
+/// `concurrency`: the topic's.
+async fn order_per_key_under_random_failures(store: Arc<dyn mailroom::Store>, concurrency: u32) {
     const KEYS: usize = 20;
     const PER_KEY: u64 = 200;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = store(&dir).await;
     let runs: Arc<Mutex<Vec<Run>>> = Arc::default();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
@@ -87,7 +108,7 @@ async fn order_per_key_holds_under_random_failures() {
         })
     };
     let engine = Engine::builder(store.clone())
-        .topic(topic(OnDead::Block, 1000, Duration::from_millis(2)))
+        .topic(topic(OnDead::Block, 1000, Duration::from_millis(2)).concurrency(concurrency))
         .handler("orders", handler)
         .build()
         .expect("engine");
@@ -151,6 +172,10 @@ async fn order_per_key_holds_under_random_failures() {
     let peak = peak.load(Ordering::SeqCst);
     eprintln!("peak concurrent attempts across keys: {peak}");
     assert!(peak >= 4, "keys did not run in parallel (peak {peak})");
+    assert!(
+        peak <= concurrency as usize,
+        "{peak} attempts at once, concurrency {concurrency}"
+    );
 }
 
 async fn blocked_setup(

@@ -15,10 +15,12 @@
 //! none for a topic whose handlers are slow or idle, at most [`AHEAD_MAX`]
 //! for a fast one. A claimed event waits under its lease; one that waited
 //! so long that its lease no longer covers the attempt's timeout has its
-//! lease extended before it starts (`Attempts::start`). Only topics whose
-//! events are independent claim ahead: not sequential ones (a claimed head
-//! holds its key) nor topics with a `rate` or `max_running`, whose limits
-//! count claims as starts. Nor on a store that shares commits (SQLite):
+//! lease extended before it starts (`Attempts::start`). Sequential topics
+//! claim ahead too: a claim hands out only heads, one per key, so a head
+//! waiting for a slot keeps its key's next event waiting as long (about
+//! [`WINDOW`]) and per-key order is the store's rule as before. Topics
+//! with a `rate` or `max_running` do not: their limits count claims as
+//! starts. Nor on a store that shares commits (SQLite):
 //! there a loop records the outcomes it was handed with its next claim,
 //! which already makes claims and outcome groups share one commit, and a
 //! loop waiting for a slot would hold the very outcomes whose recording
@@ -47,7 +49,7 @@ impl Ahead {
     /// events are independent and unlimited and the store does not.
     pub(super) fn for_topic(spec: &TopicSpec, shares_commits: bool) -> Self {
         Self {
-            enabled: spec.mode.per_key().is_none() && !spec.is_limited() && !shares_commits,
+            enabled: !spec.is_limited() && !shares_commits,
             cap: AHEAD_MAX.min(spec.concurrency),
             started: VecDeque::new(),
         }
@@ -127,13 +129,9 @@ mod tests {
     }
 
     #[test]
-    fn sequential_and_limited_topics_and_sharing_stores_never_claim_ahead() {
+    fn limited_topics_and_sharing_stores_never_claim_ahead() {
         let now = Instant::now();
-        let sequential = spec().mode(Mode::Sequential {
-            on_dead: OnDead::Block,
-        });
         let limited = [
-            sequential,
             spec().max_running(4),
             spec().rate(mailroom_core::Rate::parse("10/s").expect("rate")),
         ];
@@ -145,6 +143,18 @@ mod tests {
         let mut sharing = Ahead::for_topic(&spec(), true);
         sharing.started(50, now);
         assert_eq!(sharing.extra(now), 0, "a store that shares commits");
+        let mut sequential = Ahead::for_topic(
+            &spec().mode(Mode::Sequential {
+                on_dead: OnDead::Block,
+            }),
+            false,
+        );
+        sequential.started(50, now);
+        assert_eq!(
+            sequential.extra(now),
+            50,
+            "a sequential topic claims heads ahead"
+        );
     }
 
     #[test]
