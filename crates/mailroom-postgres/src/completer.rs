@@ -66,6 +66,14 @@ impl Completer {
 async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);
     while crate::writer::next_group(&mut rx, &mut batch, group).await {
+        if batch.len() < group {
+            // Outcomes come in bursts (a claim's events end together): one
+            // yield lets the attempts finishing beside these queue theirs,
+            // so the group and its commit take them too. Measured on the
+            // single drain: 1.07x events/s, 0.95x PostgreSQL CPU per event.
+            tokio::task::yield_now().await;
+            crate::writer::take_queued(&mut rx, &mut batch, group);
+        }
         let items: Vec<_> = batch
             .iter()
             .map(|job| (job.id, job.token, &job.completion))

@@ -82,13 +82,18 @@ pub(crate) async fn next_group<T>(
         return false;
     };
     batch.push(first);
+    take_queued(rx, batch, group);
+    true
+}
+
+/// Moves what is queued in `rx` into `batch`, up to `group` in all.
+pub(crate) fn take_queued<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, group: usize) {
     while batch.len() < group {
         match rx.try_recv() {
             Ok(job) => batch.push(job),
             Err(_) => break,
         }
     }
-    true
 }
 
 /// After the database proved unreachable, inserts fail at once for this long
