@@ -173,8 +173,9 @@ async fn rate_holds_across_three_instances_on_postgres() {
     // A handler starts a few round trips and a task switch after its
     // claim's stamp, and that lag varies with the machine's load (at load
     // 11-12, 110-111 starts in the busiest second while the claims held
-    // 109): the handlers' clock allows the rate over 50 ms of it.
-    let lag = (rate.per_second() * 0.05) as usize;
+    // 109; in CI, beside the whole suite on 2 cores, 117 while the claims
+    // held 109): the handlers' clock allows the rate over 100 ms of it.
+    let lag = (rate.per_second() * 0.1) as usize;
     assert!(most <= bound + lag, "{most} starts in one second");
     let secs = took.as_secs_f64();
     assert!(
