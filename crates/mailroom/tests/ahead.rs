@@ -98,23 +98,49 @@ async fn on_sqlite_too_nothing_is_left_running_when_the_engine_stops() {
     given_back_at_stop(false).await;
 }
 
+/// `events` queued on a fresh store whose handler holds each call for
+/// `hold`, and the engine running until the returned token is cancelled.
+async fn running(
+    postgres: bool,
+    dir: &tempfile::TempDir,
+    events: u32,
+    hold: Duration,
+) -> (
+    Arc<dyn mailroom::Store>,
+    Arc<Seen>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let store = store(postgres, dir).await;
+    let seen = Arc::new(Seen::default());
+    let engine = engine(store.clone(), &seen, hold);
+    enqueue(&engine, events).await;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { engine.run(shutdown).await }
+    });
+    (store, seen, shutdown, running)
+}
+
+/// Waits until `n` events are done, failing past `within`.
+async fn wait_done(store: &dyn mailroom::Store, n: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while count(store, Status::Done).await < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} events not done in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn bounded_and_once(postgres: bool) {
     const EVENTS: u32 = 1_500;
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = store(postgres, &dir).await;
-    let seen = Arc::new(Seen::default());
-    let engine = engine(store.clone(), &seen, Duration::from_micros(200));
-    enqueue(&engine, EVENTS).await;
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run(shutdown).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while count(&*store, Status::Done).await < u64::from(EVENTS) {
-        assert!(Instant::now() < deadline, "not drained in 60 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (store, seen, shutdown, running) =
+        running(postgres, &dir, EVENTS, Duration::from_micros(200)).await;
+    wait_done(&*store, u64::from(EVENTS), Duration::from_secs(60)).await;
     shutdown.cancel();
     running.await.expect("engine task");
     assert!(
@@ -130,21 +156,10 @@ async fn bounded_and_once(postgres: bool) {
 async fn given_back_at_stop(postgres: bool) {
     const EVENTS: u32 = 2_000;
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = store(postgres, &dir).await;
-    let seen = Arc::new(Seen::default());
-    let engine = engine(store.clone(), &seen, Duration::from_millis(2));
-    enqueue(&engine, EVENTS).await;
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run(shutdown).await }
-    });
+    let (store, seen, shutdown, running) =
+        running(postgres, &dir, EVENTS, Duration::from_millis(2)).await;
     // Stop mid-drain, while the loop holds events claimed ahead.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count(&*store, Status::Done).await < 300 {
-        assert!(Instant::now() < deadline, "300 events not done in 30 s");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_done(&*store, 300, Duration::from_secs(30)).await;
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), running)
         .await
