@@ -202,29 +202,36 @@ macro_rules! pending_by_seq {
 /// The walk reads the topic's first `$4` pending rows in claim order
 /// (`walk`): with a few keys and deep backlogs almost every pending event
 /// waits behind its key's head, and an unbounded walk would test them all
-/// on every claim. Among them, the due heads are locked in arrival order,
-/// at most `$2`. Returns whether the bound cut the walk short (more
-/// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
-/// of the keys the walk did not reach) and the `seq` of keyless candidates
-/// and of candidates whose key lock we now hold.
+/// on every claim. The walk's rows are then tested in claim order, due
+/// and the head rule on the walk's copy, each passing one then locked
+/// through the primary key (`FOR UPDATE SKIP LOCKED`, so a row another
+/// claim holds is passed over, and one claimed since the walk's snapshot
+/// is re-read and dropped), until `$2` are. The lateral join is a nested
+/// loop under the `LIMIT`, so a claim of 256 heads tests about as many
+/// rows, not the whole walk; no `ORDER BY`: the walk is in claim order
+/// already, and a sort or a hash join would test every row of the walk
+/// before the first comes out (`docs/perf/postgres.md`). Returns whether the bound cut
+/// the walk short (more pending events lie past it: [`HEADS_BY_KEY`] then
+/// looks for the heads of the keys the walk did not reach) and the `seq`
+/// of keyless candidates and of candidates whose key lock we now hold.
 macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
             "WITH walk AS MATERIALIZED (
-                 SELECT w.seq, w.run_at, w.ready_at FROM mailroom.queue w
+                 SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
                  WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
                  ORDER BY w.topic, -w.priority, w.seq LIMIT $4
              ), candidates AS MATERIALIZED (
-                 SELECT e.seq, e.key FROM mailroom.queue e
-                 WHERE e.seq = ANY(ARRAY(SELECT w.seq FROM walk w WHERE w.run_at <= now()
-                                         AND ",
-            unexpired!("w", "$5"),
-            "))
-                   AND ",
-            pending_by_seq!(),
+                 SELECT q.seq, q.key FROM walk e CROSS JOIN LATERAL (
+                     SELECT q.seq, q.key FROM mailroom.queue q
+                     WHERE q.seq = e.seq AND COALESCE(q.state, '') = 'pending'
+                     FOR UPDATE SKIP LOCKED) q
+                 WHERE e.run_at <= now() AND ",
+            unexpired!("e", "$5"),
             " AND ",
             $head,
-            " ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+            "
+                 LIMIT $2)
              SELECT (SELECT count(*) FROM walk) >= $4,
                     ARRAY(SELECT c.seq FROM candidates c
                           WHERE c.key IS NULL

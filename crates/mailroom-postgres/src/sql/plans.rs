@@ -506,6 +506,96 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
     }
 }
 
+/// How many times the nodes reading `index` ran in a JSON `EXPLAIN
+/// (ANALYZE)` plan node and its children (a subplan's probes, one loop
+/// each).
+fn loops_on(node: &serde_json::Value, index: &str) -> u64 {
+    let own = if node["Index Name"] == index {
+        node["Actual Loops"].as_u64().unwrap_or(0)
+    } else {
+        0
+    };
+    let children = node["Plans"].as_array().map_or(0, |plans| {
+        plans.iter().map(|child| loops_on(child, index)).sum()
+    });
+    own + children
+}
+
+/// Head-rule probes of `queue_keys` that step 1 of a sequential claim
+/// (`sql`) makes to find `max` heads, run in a transaction rolled back
+/// after; its custom plan, or its generic one.
+async fn head_probes(conn: &mut PgConnection, sql: &str, max: i64, generic: bool) -> u64 {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let analysed: String = if generic {
+        let prepare = format!(
+            "SET LOCAL plan_cache_mode = force_generic_plan;
+             PREPARE q(text, int8, int4, int8, int8) AS {sql}"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q('t', {max}, {KEY_LOCK_CLASS}, \
+             {SEQUENTIAL_WINDOW}, NULL)"
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::raw_sql("DEALLOCATE q")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        row.try_get_unchecked(0).unwrap()
+    } else {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {sql}"
+        )))
+        .bind("t")
+        .bind(max)
+        .bind(KEY_LOCK_CLASS)
+        .bind(SEQUENTIAL_WINDOW)
+        .bind(None::<i64>)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        // A `json` column; its binary form is its text.
+        row.try_get_unchecked(0).unwrap()
+    };
+    tx.rollback().await.unwrap();
+    let analysed: serde_json::Value = serde_json::from_str(&analysed).unwrap();
+    loops_on(&analysed[0]["Plan"], "queue_keys")
+}
+
+/// Step 1 of a sequential claim tests the head rule on the walk's rows in
+/// claim order and stops at the heads it asked for: 100 heads among the
+/// first 1,000 pending events (1,000 keys, every event a head) cost 100
+/// probes of `queue_keys`, not one per row of the walk (1,024: a sort or a
+/// hash of the walk's rows tests them all before the first comes out);
+/// without statistics and with them, custom and generic plans.
+#[tokio::test]
+async fn a_sequential_claim_tests_only_the_rows_it_takes() {
+    for analysed in [false, true] {
+        let mut conn = if analysed {
+            analysed_backlog(1000).await
+        } else {
+            backlog(1000).await
+        };
+        for (name, sql) in [
+            ("on_dead = block", claim_candidates!(head_block!())),
+            ("on_dead = skip", claim_candidates!(head_skip!())),
+        ] {
+            for generic in [false, true] {
+                let probes = head_probes(&mut conn, sql, 100, generic).await;
+                assert!(
+                    (100..=110).contains(&probes),
+                    "{name}, statistics {analysed}, generic {generic}: {probes} head probes for 100 heads"
+                );
+            }
+        }
+    }
+}
+
 /// The other statements of the hot path: the next due time of an
 /// independent topic reads the queue alone (its pending rows: the same
 /// work as before the queue table, and only when a claim came back
