@@ -77,6 +77,9 @@ pub struct Settings {
     pub relay_batch_concurrency: u32,
     /// Give up on a phase after this long.
     pub timeout: Duration,
+    /// Skip the inbound phases; measure the publish floor once, then the
+    /// relay phases.
+    pub relay_only: bool,
 }
 
 /// One measured phase.
@@ -328,7 +331,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Report> {
         broker_pid,
         run_id: rand_id(),
     };
-    let mut phases = inbound_phases(&ctx).await?;
+    let mut phases = match ctx.settings.relay_only {
+        true => vec![publish_floor(&ctx).await?],
+        false => inbound_phases(&ctx).await?,
+    };
     phases.extend(relay_phases(&ctx).await?);
     let _ = ctx.conn.close(200, "OK".into()).await;
     let latency = commit_latency().await?;
@@ -359,6 +365,15 @@ async fn inbound_phases(ctx: &Ctx) -> anyhow::Result<Vec<Phase>> {
     }
     ctx.drop_route(&consumed).await?;
     Ok(phases)
+}
+
+/// The publish floor alone, on a route of its own (`--relay-only`).
+async fn publish_floor(ctx: &Ctx) -> anyhow::Result<Phase> {
+    let route = ctx.route("floor").await?;
+    let phase =
+        lapin_only::publish(ctx, &route, "publish floor: lapin, confirms, pipelined").await?;
+    ctx.drop_route(&route).await?;
+    Ok(phase)
 }
 
 /// mailroom's relay (single, then batch), the durable relay floor (with and

@@ -393,6 +393,10 @@ struct AmqpArgs {
     /// Give up on a phase after this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     timeout: Duration,
+    /// Only the relay phases, after one publish floor (their reference):
+    /// no inbound phase. For quick before/after rounds of the relay.
+    #[arg(long)]
+    relay_only: bool,
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
@@ -707,11 +711,15 @@ async fn run_amqp(a: AmqpArgs) -> anyhow::Result<ExitCode> {
         messages: a.messages.max(1),
         handwritten_messages: a.handwritten_messages.clamp(1, a.messages.max(1)),
         body_size: a.body_size,
-        prefetch: a.prefetch.into_iter().map(|p| p.max(1)).collect(),
+        prefetch: match a.relay_only {
+            true => Vec::new(),
+            false => a.prefetch.into_iter().map(|p| p.max(1)).collect(),
+        },
         relay_concurrency: a.relay_concurrency.max(1),
         relay_batch_size: a.relay_batch_size,
         relay_batch_concurrency: a.relay_batch_concurrency.max(1),
         timeout: a.timeout,
+        relay_only: a.relay_only,
     };
     let report = amqp::run(settings.clone()).await?;
     if a.json {
