@@ -428,6 +428,40 @@ async fn outages_are_unavailable_and_the_pool_recovers() {
     );
 }
 
+/// A pooled connection is handed out without a ping while it is busy
+/// (sqlx pings each one as it comes back), but one idle for over a second
+/// is pinged first: after its server session ended (here terminated, as a
+/// restart would), the next insert, claim and completion succeed on the
+/// first try, each on a fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_whose_session_ended_is_replaced_unseen() {
+    let (url, store) = fresh(true).await;
+    store.insert(event("orders", "before", None)).await.unwrap();
+    let db_name = url.rsplit('/').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&mailroom_testkit::postgres_admin_url())
+        .await
+        .unwrap();
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = $1 AND application_name = 'mailroom'",
+    )
+    .bind(&db_name)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!ended.is_empty(), "the store's sessions were found");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    store.insert(event("orders", "after", None)).await.unwrap();
+    let claimed = store.claim(&claim_req("orders", 10, None)).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    for c in claimed {
+        store
+            .complete(c.event.id, c.token, mailroom_core::Completion::Done)
+            .await
+            .unwrap();
+    }
+}
+
 /// `Store::notifications` streams the topics other instances insert into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_stream_topics_from_other_instances() {
