@@ -43,6 +43,34 @@ macro_rules! head_skip {
     };
 }
 
+/// Step 1's part of the head rule ([`claim_candidates!`]): no earlier open
+/// event of its key, the `queue_keys` probe alone. An event of the key
+/// that runs is open, and earlier than the candidate but for a replayed or
+/// rescued event behind a later one that runs; step 2 tests the whole
+/// rule anyway, so step 1 leaves that rare case to it and spends one probe
+/// per candidate instead of two.
+macro_rules! first_of_key {
+    ($blocking:literal) => {
+        concat!(
+            "(e.key IS NULL OR NOT EXISTS (SELECT 1 FROM mailroom.queue p
+                 WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
+                   AND p.seq < e.seq ",
+            $blocking,
+            "))"
+        )
+    };
+}
+macro_rules! first_block {
+    () => {
+        first_of_key!("")
+    };
+}
+macro_rules! first_skip {
+    () => {
+        first_of_key!("AND p.state <> 'dead'")
+    };
+}
+
 /// Sequential topics: moves the `scheduled` queue rows of topic `$1`
 /// that fell due to `pending` (at most 1,000 per claim; `queue_scheduled`),
 /// first in a claim's transaction, so its walk sees them. Scheduled rows
@@ -73,24 +101,33 @@ macro_rules! unexpired {
     };
 }
 
-/// Moves the queue rows whose `seq` the selection yields to `running`,
-/// and their events with them (status, attempt count — the new fencing
-/// token —, lease, worker): the event's update is HOT (`schema.rs`,
-/// migration 7). `$1` lease (µs), `$2` worker; the selection's own
-/// parameters follow. Returns the events' columns and each row's priority.
-///
-/// `= ANY(ARRAY(selection))`, not `IN (selection)`, so the selection runs
-/// once and the rows are fetched through the primary keys, in generic
-/// plans too (`docs/perf/postgres.md`).
+/// Moves the queue rows whose `seq` the selection yields to `running`
+/// ([`claim_rows!`]). `= ANY(ARRAY(selection))`, not `IN (selection)`, so
+/// the selection runs once and the rows are fetched through the primary
+/// keys, in generic plans too (`docs/perf/postgres.md`).
 macro_rules! claim_update {
     ($selection:expr) => {
-        concat!(
-            "WITH picked AS (
-                 UPDATE mailroom.queue q SET state = 'running'
-                 WHERE q.seq = ANY(ARRAY(",
+        claim_rows!(concat!(
+            "UPDATE mailroom.queue q SET state = 'running'
+             WHERE q.seq = ANY(ARRAY(",
             $selection,
-            ")) RETURNING q.seq, q.priority
-             ), claimed AS (
+            ")) RETURNING q.seq, q.priority"
+        ))
+    };
+}
+
+/// Claims the queue rows that `$picked` (an `UPDATE` of `mailroom.queue`
+/// to `running`, returning `seq` and `priority`) moved, and their events
+/// with them (status, attempt count — the new fencing token —, lease,
+/// worker): the event's update is HOT (`schema.rs`, migration 7). `$1`
+/// lease (µs), `$2` worker; the selection's own parameters follow.
+/// Returns the events' columns and each row's priority.
+macro_rules! claim_rows {
+    ($picked:expr) => {
+        concat!(
+            "WITH picked AS (",
+            $picked,
+            "), claimed AS (
                  UPDATE mailroom.events e
                  SET status = 'running', attempts = e.attempts + 1,
                      lease_until = now() + $1 * interval '1 microsecond',
@@ -195,34 +232,47 @@ macro_rules! pending_by_seq {
     };
 }
 
+/// The walk of a sequential claim ([`claim_candidates!`]): the first `$4`
+/// pending rows of topic `$1` in claim order, read as far as the rows
+/// above it ask.
+macro_rules! walk {
+    () => {
+        "SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
+         WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
+         ORDER BY w.topic, -w.priority, w.seq LIMIT $4"
+    };
+}
+
 /// Sequential topics, step 1: the candidate heads (on this statement's
 /// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
 /// `$3` lock class, `$4` window, `$5` expiry (µs or NULL).
 ///
-/// The walk reads the topic's first `$4` pending rows in claim order
-/// (`walk`): with a few keys and deep backlogs almost every pending event
-/// waits behind its key's head, and an unbounded walk would test them all
-/// on every claim. The walk's rows are then tested in claim order, due
-/// and the head rule on the walk's copy, each passing one then locked
-/// through the primary key (`FOR UPDATE SKIP LOCKED`, so a row another
-/// claim holds is passed over, and one claimed since the walk's snapshot
-/// is re-read and dropped), until `$2` are. The lateral join is a nested
-/// loop under the `LIMIT`, so a claim of 256 heads tests about as many
-/// rows, not the whole walk; no `ORDER BY`: the walk is in claim order
-/// already, and a sort or a hash join would test every row of the walk
-/// before the first comes out (`docs/perf/postgres.md`). Returns whether the bound cut
-/// the walk short (more pending events lie past it: [`HEADS_BY_KEY`] then
-/// looks for the heads of the keys the walk did not reach) and the `seq`
-/// of keyless candidates and of candidates whose key lock we now hold.
+/// The walk ([`walk!`]) reads the topic's first `$4` pending rows at most,
+/// in claim order: with a few keys and deep backlogs almost every pending
+/// event waits behind its key's head, and an unbounded walk would test
+/// them all on every claim. Its rows are tested as they come, due and
+/// first open event of their key ([`first_of_key!`]) on the walk's copy,
+/// each passing one then locked through the
+/// primary key (`FOR UPDATE SKIP LOCKED`, so a row another claim holds is
+/// passed over, and one claimed since the walk's snapshot is re-read and
+/// dropped), until `$2` are. The lateral join is a nested loop under the
+/// `LIMIT`, so a claim of 256 heads reads and tests about as many rows,
+/// not the whole walk; no `ORDER BY`: the walk is in claim order already,
+/// and a sort or a hash join would test every row of the walk before the
+/// first comes out (`docs/perf/postgres.md`).
+///
+/// Returns whether the bound cut the walk short of `$2` heads (more
+/// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
+/// of the keys the walk did not reach; counted by a second walk, only when
+/// the claim is short) and the `seq` of keyless candidates and of
+/// candidates whose key lock we now hold.
 macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
-            "WITH walk AS MATERIALIZED (
-                 SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
-                 WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
-                 ORDER BY w.topic, -w.priority, w.seq LIMIT $4
-             ), candidates AS MATERIALIZED (
-                 SELECT q.seq, q.key FROM walk e CROSS JOIN LATERAL (
+            "WITH candidates AS MATERIALIZED (
+                 SELECT q.seq, q.key FROM (",
+            walk!(),
+            ") e CROSS JOIN LATERAL (
                      SELECT q.seq, q.key FROM mailroom.queue q
                      WHERE q.seq = e.seq AND COALESCE(q.state, '') = 'pending'
                      FOR UPDATE SKIP LOCKED) q
@@ -231,12 +281,18 @@ macro_rules! claim_candidates {
             " AND ",
             $head,
             "
-                 LIMIT $2)
-             SELECT (SELECT count(*) FROM walk) >= $4,
-                    ARRAY(SELECT c.seq FROM candidates c
-                          WHERE c.key IS NULL
-                             OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
-                          ORDER BY c.seq)"
+                 LIMIT $2
+             )
+             SELECT CASE WHEN cardinality(l.seqs) < $2
+                         THEN (SELECT count(*) FROM (",
+            walk!(),
+            ") n) >= $4
+                         ELSE false END,
+                    l.seqs
+             FROM (SELECT ARRAY(SELECT c.seq FROM candidates c
+                                WHERE c.key IS NULL
+                                   OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
+                                ORDER BY c.seq) AS seqs) l"
         )
     };
 }
@@ -343,14 +399,18 @@ pub(crate) const SPARSE_WINDOW: i64 = 64;
 /// The candidates' rows are pending and stay so: step 1 locked them (`FOR
 /// UPDATE`) in this transaction, and `now()` is the transaction's start in
 /// both statements. So the rows are found by `seq` alone, through the
-/// primary key; repeating the claim's conditions here invites a walk of
-/// the pending index (`docs/perf/postgres.md`).
+/// primary key, and updated where they are found, with the head rule as
+/// the update's condition (the statement does not see its own updates, so
+/// it tests each row against the others as they were); repeating the
+/// claim's conditions here invites a walk of the pending index
+/// (`docs/perf/postgres.md`).
 macro_rules! claim_locked {
     ($head:expr) => {
-        claim_update!(concat!(
-            "SELECT e.seq FROM mailroom.queue e WHERE e.seq = ANY($3) AND ",
+        claim_rows!(concat!(
+            "UPDATE mailroom.queue e SET state = 'running'
+             WHERE e.seq = ANY($3) AND ",
             $head,
-            " FOR UPDATE OF e SKIP LOCKED"
+            " RETURNING e.seq, e.priority"
         ))
     };
 }
@@ -476,12 +536,12 @@ pub(crate) async fn claim_heads(
     const CTX: &str = "claiming events";
     let (pick, by_key, take) = match on_dead {
         OnDead::Block => (
-            claim_candidates!(head_block!()),
+            claim_candidates!(first_block!()),
             HEADS_BY_KEY,
             claim_locked!(head_block!()),
         ),
         OnDead::Skip => (
-            claim_candidates!(head_skip!()),
+            claim_candidates!(first_skip!()),
             HEADS_BY_KEY_SKIP_DEAD,
             claim_locked!(head_skip!()),
         ),

@@ -169,8 +169,8 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
                 .bind(SEQUENTIAL_WINDOW)
                 .bind(Some(3_600_000_000_i64))
         };
-        let block = claim_candidates!(head_block!());
-        let skip = claim_candidates!(head_skip!());
+        let block = claim_candidates!(first_block!());
+        let skip = claim_candidates!(first_skip!());
         let mut plans = vec![
             ("single", plan(&mut conn, single).await),
             ("single, from a floor", plan(&mut conn, from_floor).await),
@@ -471,8 +471,8 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
     let mut conn = backlog(1000).await;
     // Step 1's candidates, found by `seq` among the walk's rows.
     for sql in [
-        claim_candidates!(head_block!()),
-        claim_candidates!(head_skip!()),
+        claim_candidates!(first_block!()),
+        claim_candidates!(first_skip!()),
     ] {
         let query = explain(sql)
             .bind("t")
@@ -506,25 +506,26 @@ async fn sequential_recheck_finds_candidates_by_seq_without_statistics() {
     }
 }
 
-/// How many times the nodes reading `index` ran in a JSON `EXPLAIN
-/// (ANALYZE)` plan node and its children (a subplan's probes, one loop
-/// each).
-fn loops_on(node: &serde_json::Value, index: &str) -> u64 {
+/// Sums `field` (`Actual Loops`, `Actual Rows`) over the nodes reading
+/// `index` in a JSON `EXPLAIN (ANALYZE)` plan node and its children (a
+/// subplan's probes run one loop each).
+fn sum_on(node: &serde_json::Value, index: &str, field: &str) -> u64 {
     let own = if node["Index Name"] == index {
-        node["Actual Loops"].as_u64().unwrap_or(0)
+        node[field].as_u64().unwrap_or(0)
     } else {
         0
     };
     let children = node["Plans"].as_array().map_or(0, |plans| {
-        plans.iter().map(|child| loops_on(child, index)).sum()
+        plans.iter().map(|child| sum_on(child, index, field)).sum()
     });
     own + children
 }
 
-/// Head-rule probes of `queue_keys` that step 1 of a sequential claim
-/// (`sql`) makes to find `max` heads, run in a transaction rolled back
-/// after; its custom plan, or its generic one.
-async fn head_probes(conn: &mut PgConnection, sql: &str, max: i64, generic: bool) -> u64 {
+/// Step 1 of a sequential claim (`sql`) asking for `max` heads, run in a
+/// transaction rolled back after, its custom plan or its generic one:
+/// its head-rule probes of `queue_keys` and the rows it walked in
+/// `queue_claim`.
+async fn head_probes(conn: &mut PgConnection, sql: &str, max: i64, generic: bool) -> (u64, u64) {
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     let analysed: String = if generic {
         let prepare = format!(
@@ -564,15 +565,20 @@ async fn head_probes(conn: &mut PgConnection, sql: &str, max: i64, generic: bool
     };
     tx.rollback().await.unwrap();
     let analysed: serde_json::Value = serde_json::from_str(&analysed).unwrap();
-    loops_on(&analysed[0]["Plan"], "queue_keys")
+    let plan = &analysed[0]["Plan"];
+    (
+        sum_on(plan, "queue_keys", "Actual Loops"),
+        sum_on(plan, "queue_claim", "Actual Rows"),
+    )
 }
 
-/// Step 1 of a sequential claim tests the head rule on the walk's rows in
-/// claim order and stops at the heads it asked for: 100 heads among the
+/// Step 1 of a sequential claim walks and tests the topic's pending rows
+/// in claim order and stops at the heads it asked for: 100 heads among the
 /// first 1,000 pending events (1,000 keys, every event a head) cost 100
-/// probes of `queue_keys`, not one per row of the walk (1,024: a sort or a
-/// hash of the walk's rows tests them all before the first comes out);
-/// without statistics and with them, custom and generic plans.
+/// rows of `queue_claim` and 100 probes of `queue_keys`, not the walk's
+/// whole bound (1,024: a sort or a hash of the walk's rows tests them all
+/// before the first comes out); without statistics and with them, custom
+/// and generic plans.
 #[tokio::test]
 async fn a_sequential_claim_tests_only_the_rows_it_takes() {
     for analysed in [false, true] {
@@ -582,14 +588,19 @@ async fn a_sequential_claim_tests_only_the_rows_it_takes() {
             backlog(1000).await
         };
         for (name, sql) in [
-            ("on_dead = block", claim_candidates!(head_block!())),
-            ("on_dead = skip", claim_candidates!(head_skip!())),
+            ("on_dead = block", claim_candidates!(first_block!())),
+            ("on_dead = skip", claim_candidates!(first_skip!())),
         ] {
             for generic in [false, true] {
-                let probes = head_probes(&mut conn, sql, 100, generic).await;
+                let (probes, walked) = head_probes(&mut conn, sql, 100, generic).await;
+                let case = format!("{name}, statistics {analysed}, generic {generic}");
                 assert!(
                     (100..=110).contains(&probes),
-                    "{name}, statistics {analysed}, generic {generic}: {probes} head probes for 100 heads"
+                    "{case}: {probes} head probes for 100 heads"
+                );
+                assert!(
+                    (100..=110).contains(&walked),
+                    "{case}: {walked} pending rows walked for 100 heads"
                 );
             }
         }
