@@ -121,6 +121,107 @@ async fn outcomes_and_the_next_claim_share_one_commit() {
     assert_eq!(done, 50);
 }
 
+/// The rows of `sql` (text, text, integer), sorted.
+fn rows(db: &rusqlite::Connection, sql: &str) -> Vec<(String, String, i64)> {
+    let mut stmt = db.prepare(sql).unwrap();
+    let mut rows: Vec<_> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    rows.sort();
+    rows
+}
+
+/// Claims and completions count their own status changes (schema
+/// migration 8, not the trigger): after claims, outcomes one by one and in
+/// batches (done, retry, dead, stale), in two topics, the counters equal
+/// the rows, and the traffic counters the attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_and_completions_keep_the_counters_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let store = open(&path, |_| {}).await;
+    for i in 0..20 {
+        store
+            .insert(event("orders", &format!("o{i}"), None))
+            .await
+            .unwrap();
+        store
+            .insert(event("billing", &format!("b{i}"), None))
+            .await
+            .unwrap();
+    }
+    let mut orders = store.claim(&claim_req(12)).await.unwrap();
+    let billing = ClaimRequest {
+        topic: "billing".into(),
+        ..claim_req(5)
+    };
+    let bills = store.claim(&billing).await.unwrap();
+    let one = orders.remove(0);
+    store
+        .complete(one.event.id, one.token, Completion::Done)
+        .await
+        .unwrap();
+    let retry = Completion::Retry {
+        delay: Duration::ZERO,
+        error: "x".into(),
+    };
+    let dead = Completion::Dead { error: "y".into() };
+    let mut items: Vec<_> = orders
+        .iter()
+        .take(6)
+        .map(|c| (c.event.id, c.token, Completion::Done))
+        .collect();
+    items.push((orders[6].event.id, orders[6].token, retry));
+    items.push((orders[7].event.id, orders[7].token, dead));
+    // Stale: recorded above already.
+    items.push((one.event.id, one.token, Completion::Done));
+    items.extend(
+        bills
+            .iter()
+            .take(3)
+            .map(|c| (c.event.id, c.token, Completion::Done)),
+    );
+    let results = store.complete_many(items).await;
+    assert_eq!(
+        results.iter().filter(|r| r.is_err()).count(),
+        1,
+        "{results:?}"
+    );
+    let done = orders[8..]
+        .iter()
+        .map(|c| (c.event.id, c.token, Completion::Done));
+    let (recorded, next) = store
+        .complete_and_claim(done.collect(), &claim_req(4), None)
+        .await;
+    assert!(
+        recorded.iter().all(Result::is_ok) && next.is_ok(),
+        "{recorded:?} {next:?}"
+    );
+    drop(store);
+
+    let db = rusqlite::Connection::open(&path).unwrap();
+    let counted = rows(
+        &db,
+        "SELECT topic, status, n FROM topic_counts WHERE n <> 0",
+    );
+    let actual = rows(
+        &db,
+        "SELECT topic, status, COUNT(*) FROM events GROUP BY 1, 2",
+    );
+    assert_eq!(counted, actual);
+    assert!(actual.iter().any(|(_, s, n)| s == "done" && *n > 1));
+    assert!(actual.iter().any(|(_, s, n)| s == "running" && *n > 1));
+    let outcomes = "SELECT topic, 'done', SUM(done) FROM traffic GROUP BY 1
+                    UNION ALL SELECT topic, 'failed', SUM(failed) FROM traffic GROUP BY 1";
+    let attempts = "SELECT e.topic, 'done', SUM(a.outcome = 'done') FROM attempts a
+                        JOIN events e ON e.seq = a.event_seq GROUP BY 1
+                    UNION ALL SELECT e.topic, 'failed', SUM(a.outcome <> 'done') FROM attempts a
+                        JOIN events e ON e.seq = a.event_seq GROUP BY 1";
+    assert_eq!(rows(&db, outcomes), rows(&db, attempts));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_can_replay_while_the_first_writes() {
     let dir = tempfile::tempdir().unwrap();

@@ -333,7 +333,8 @@ fn json_seqs(seqs: &[i64]) -> String {
 
 /// Moves up to `req.max` due pending events (for sequential topics, heads
 /// of keys) to `running` under a lease ending `req.lease` after `now`, in
-/// claim order: the held events now due are released first.
+/// claim order, and counts them: the held events now due are released
+/// first.
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Vec<Claimed>> {
     const CTX: &str = "claiming events";
     let lease_until = after(now, req.lease);
@@ -366,6 +367,8 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<V
             CTX,
         )?,
     };
+    // The trigger leaves pending → running to the claims (migration 8).
+    super::count_moved(conn, &req.topic, super::Moved::Claimed, rows.len())?;
     // RETURNING comes in no particular order: hand them out in claim order.
     let order: HashMap<i64, usize> = chosen
         .iter()

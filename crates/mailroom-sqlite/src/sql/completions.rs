@@ -1,13 +1,13 @@
 //! Completions: the fenced writes of a worker's attempt, recording its end
 //! (one, or a batch in two set-based statements) and extending its lease.
 
-use super::{after, col, db, ts};
+use super::{Moved, after, col, count_moved, db, ts};
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptOutcome, Completion, EventId, FencingToken, Result, Status, StoreError,
 };
 use rusqlite::{Connection, OptionalExtension};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -23,16 +23,13 @@ fn stale_or_missing(conn: &Connection, id: &str) -> StoreError {
     }
 }
 
-/// Records the end of one attempt, if `token` is still current.
-pub(crate) fn complete(
-    conn: &Connection,
-    id: EventId,
-    token: FencingToken,
+/// What `completion` at `now` writes: the event's status, its next due
+/// time, its error, and the attempt's outcome.
+fn recorded(
     completion: &Completion,
     now: i64,
-) -> Result<()> {
-    const CTX: &str = "completing an attempt";
-    let (status, next, error, outcome) = match completion {
+) -> (Status, Option<i64>, Option<&str>, AttemptOutcome) {
+    match completion {
         Completion::Done => (Status::Done, None, None, AttemptOutcome::Done),
         Completion::Retry { delay, error } => (
             Status::Pending,
@@ -46,25 +43,41 @@ pub(crate) fn complete(
             Some(error.as_str()),
             AttemptOutcome::Dead,
         ),
-    };
+    }
+}
+
+/// Records the end of one attempt, if `token` is still current.
+pub(crate) fn complete(
+    conn: &Connection,
+    id: EventId,
+    token: FencingToken,
+    completion: &Completion,
+    now: i64,
+) -> Result<()> {
+    const CTX: &str = "completing an attempt";
+    let (status, next, error, outcome) = recorded(completion, now);
     let id = id.to_string();
-    let row: Option<(i64, i64, Option<String>)> = conn
+    let row: Option<(i64, i64, Option<String>, String)> = conn
         .prepare_cached(
             "UPDATE events
              SET status = ?1, next_attempt_at = ?2, lease_until = NULL,
                  last_error = COALESCE(?3, last_error)
              WHERE id = ?4 AND status = 'running' AND attempts = ?5
-             RETURNING seq, started_at, worker",
+             RETURNING seq, started_at, worker, topic",
         )
         .map_err(db(CTX))?
         .query_row((status.as_str(), next, error, &id, token.0), |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .optional()
         .map_err(db(CTX))?;
-    let Some((seq, started_at, worker)) = row else {
+    let Some((seq, started_at, worker, topic)) = row else {
         return Err(stale_or_missing(conn, &id));
     };
+    if status == Status::Done {
+        // The trigger leaves running → done to the completions (migration 8).
+        count_moved(conn, &topic, Moved::Done, 1)?;
+    }
     conn.prepare_cached(
         "INSERT INTO attempts (event_seq, attempt, started_at, finished_at, outcome, error, worker)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -129,7 +142,8 @@ pub(crate) fn complete_many(
 }
 
 /// Marks the items at `set` (all `Done`, distinct ids) done with their
-/// history rows, in two statements; returns the ids whose token was current.
+/// history rows, in two statements, and counts them per topic; returns the
+/// ids whose token was current.
 fn complete_done(
     conn: &Connection,
     items: &[(EventId, FencingToken, Completion)],
@@ -164,14 +178,21 @@ fn complete_done(
              FROM (SELECT value ->> 0 AS id, value ->> 1 AS token FROM json_each(?1)) AS j
              WHERE events.id = j.id AND events.status = 'running'
                AND events.attempts = j.token
-             RETURNING events.id",
+             RETURNING events.id, events.topic",
         )
         .map_err(db(CTX))?;
     let mut rows = stmt.query([&json]).map_err(db(CTX))?;
     let mut applied = HashSet::with_capacity(set.len());
+    let mut per_topic: HashMap<String, usize> = HashMap::new();
     while let Some(row) = rows.next().map_err(db(CTX))? {
         let id: String = col(row, 0)?;
         applied.insert(id);
+        *per_topic.entry(col(row, 1)?).or_default() += 1;
+    }
+    drop(rows);
+    // The trigger leaves running → done to the completions (migration 8).
+    for (topic, n) in &per_topic {
+        count_moved(conn, topic, Moved::Done, *n)?;
     }
     Ok(applied)
 }

@@ -37,7 +37,7 @@ pub(crate) use claims::{claim, next_due};
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use maintenance::{expire, purge_step, rescue_expired};
 pub(crate) use rows::{count, get, insert, list, search};
-pub(crate) use stats::{attempt_window, prune_traffic, stats, throughput};
+pub(crate) use stats::{Moved, attempt_window, count_moved, prune_traffic, stats, throughput};
 
 /// Maps a database error to [`StoreError::Unavailable`], saying what was being done.
 pub(crate) fn db(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {

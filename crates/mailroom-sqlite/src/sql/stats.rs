@@ -62,6 +62,53 @@ fn counts(conn: &Connection) -> Result<BTreeMap<String, TopicStats>> {
     Ok(by_topic)
 }
 
+/// A status change that its statement counts (schema migration 8), not
+/// the trigger.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Moved {
+    /// pending → running: a claim.
+    Claimed,
+    /// running → done: a completion; also an attempt done this minute.
+    Done,
+}
+
+/// Counts `n` events of `topic` moved as `moved` by the statement just
+/// run, in its transaction: `topic_counts` (and `traffic` for `Done`, in
+/// the minute the trigger would have used), set-based.
+pub(crate) fn count_moved(conn: &Connection, topic: &str, moved: Moved, n: usize) -> Result<()> {
+    const CTX: &str = "counting status changes";
+    if n == 0 {
+        return Ok(());
+    }
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    let (from, to) = match moved {
+        Moved::Claimed => ("pending", "running"),
+        Moved::Done => ("running", "done"),
+    };
+    conn.prepare_cached("UPDATE topic_counts SET n = n - ?3 WHERE topic = ?1 AND status = ?2")
+        .map_err(db(CTX))?
+        .execute((topic, from, n))
+        .map_err(db(CTX))?;
+    conn.prepare_cached(
+        "INSERT INTO topic_counts (topic, status, n) VALUES (?1, ?2, ?3)
+         ON CONFLICT (topic, status) DO UPDATE SET n = n + excluded.n",
+    )
+    .map_err(db(CTX))?
+    .execute((topic, to, n))
+    .map_err(db(CTX))?;
+    if let Moved::Done = moved {
+        conn.prepare_cached(
+            "INSERT INTO traffic (topic, minute, done, failed)
+             VALUES (?1, CAST((julianday('now') - 2440587.5) * 1440 AS INTEGER), ?2, 0)
+             ON CONFLICT (topic, minute) DO UPDATE SET done = done + excluded.done",
+        )
+        .map_err(db(CTX))?
+        .execute((topic, n))
+        .map_err(db(CTX))?;
+    }
+    Ok(())
+}
+
 /// Keys of `topic` whose earliest open event (pending, running or dead) is
 /// dead. Pending rows are walked in arrival order only as far as the last
 /// such dead event.
