@@ -72,18 +72,23 @@ macro_rules! first_skip {
 }
 
 /// Sequential topics: moves the `scheduled` queue rows of topic `$1`
-/// that fell due to `pending` (at most 1,000 per claim; `queue_scheduled`),
-/// first in a claim's transaction, so its walk sees them. Scheduled rows
-/// are not in `queue_claim`, so a backlog of events delivered later costs
-/// claims nothing. (Claims of independent events take due scheduled rows
-/// directly, [`CLAIM_ANY`].)
-pub(super) const PROMOTE: &str = "
-    UPDATE mailroom.queue s SET state = 'pending'
-    WHERE s.seq = ANY(ARRAY(
-        SELECT d.seq FROM mailroom.queue d
-        WHERE d.topic = ANY(ARRAY[$1::text]) AND d.state = 'scheduled' AND d.run_at <= now()
-        ORDER BY d.topic, d.run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
-      AND s.state = 'scheduled'";
+/// that fell due to `pending` (at most 1,000 per claim; `queue_scheduled`).
+/// Scheduled rows are not in `queue_claim`, so a backlog of events
+/// delivered later costs claims nothing. (Claims of independent events
+/// take due scheduled rows directly, [`CLAIM_ANY`].) A claim runs it in
+/// its step 1 ([`claim_candidates!`]), whose walk does not see the rows it
+/// moves; a claim that moved any runs step 1 again, which does.
+macro_rules! promote {
+    () => {
+        "UPDATE mailroom.queue s SET state = 'pending'
+         WHERE s.seq = ANY(ARRAY(
+             SELECT d.seq FROM mailroom.queue d
+             WHERE d.topic = ANY(ARRAY[$1::text]) AND d.state = 'scheduled' AND d.run_at <= now()
+             ORDER BY d.topic, d.run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
+           AND s.state = 'scheduled'"
+    };
+}
+pub(super) const PROMOTE: &str = promote!();
 
 /// "Queue row `$row` has not expired": `$param` is `expire_after` in µs,
 /// NULL without it. The expiry clock starts at `ready_at` (migration 11).
@@ -264,12 +269,17 @@ macro_rules! walk {
 /// Returns whether the bound cut the walk short of `$2` heads (more
 /// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
 /// of the keys the walk did not reach; counted by a second walk, only when
-/// the claim is short) and the `seq` of keyless candidates and of
-/// candidates whose key lock we now hold.
+/// the claim is short), the `seq` of keyless candidates and of candidates
+/// whose key lock we now hold, and whether it moved scheduled rows that
+/// fell due to pending ([`PROMOTE`], first, in the same statement: one
+/// round trip less per claim than a statement of its own).
 macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
-            "WITH candidates AS MATERIALIZED (
+            "WITH promoted AS (",
+            promote!(),
+            " RETURNING s.seq
+             ), candidates AS MATERIALIZED (
                  SELECT q.seq, q.key FROM (",
             walk!(),
             ") e CROSS JOIN LATERAL (
@@ -288,7 +298,8 @@ macro_rules! claim_candidates {
             walk!(),
             ") n) >= $4
                          ELSE false END,
-                    l.seqs
+                    l.seqs,
+                    EXISTS (SELECT 1 FROM promoted)
              FROM (SELECT ARRAY(SELECT c.seq FROM candidates c
                                 WHERE c.key IS NULL
                                    OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
@@ -547,12 +558,13 @@ pub(crate) async fn claim_heads(
         ),
     };
     let mut tx = pool.begin().await.map_err(db(CTX))?;
-    sqlx::query(PROMOTE)
-        .bind(&req.topic)
-        .execute(&mut *tx)
-        .await
-        .map_err(db(CTX))?;
-    let (mut seqs, cut_short) = walk_candidates(&mut tx, req, pick, window).await?;
+    let (mut seqs, mut cut_short, promoted) = walk_candidates(&mut tx, req, pick, window).await?;
+    if promoted {
+        // The rows it moved to pending are visible to the next statement;
+        // its locks stay (released at commit), and its candidates come
+        // back in this one's.
+        (seqs, cut_short, _) = walk_candidates(&mut tx, req, pick, window).await?;
+    }
     if cut_short {
         more_candidates(&mut tx, by_key, req, &mut seqs, true).await?;
         if keyless {
@@ -560,7 +572,7 @@ pub(crate) async fn claim_heads(
         }
     }
     if seqs.is_empty() {
-        // Commits what PROMOTE moved (scheduled rows due).
+        // Commits what step 1 promoted (scheduled rows due).
         tx.commit().await.map_err(db(CTX))?;
         return Ok((Vec::new(), cut_short));
     }
@@ -576,16 +588,16 @@ pub(crate) async fn claim_heads(
 }
 
 /// Step 1, the bounded walk ([`claim_candidates!`] as `pick`): the
-/// candidates' `seq`s, and whether the bound cut the walk short of
-/// `req.max` heads.
+/// candidates' `seq`s, whether the bound cut the walk short of `req.max`
+/// heads, and whether it promoted scheduled rows its walk did not see.
 async fn walk_candidates(
     tx: &mut Transaction<'_, Postgres>,
     req: &ClaimRequest,
     pick: &'static str,
     window: i64,
-) -> Result<(Vec<i64>, bool)> {
+) -> Result<(Vec<i64>, bool, bool)> {
     let max = i64::from(req.max);
-    let (cut_short, seqs): (bool, Vec<i64>) = sqlx::query_as(pick)
+    let (cut_short, seqs, promoted): (bool, Vec<i64>, bool) = sqlx::query_as(pick)
         .bind(&req.topic)
         .bind(max)
         .bind(KEY_LOCK_CLASS)
@@ -595,7 +607,7 @@ async fn walk_candidates(
         .await
         .map_err(db("claiming events"))?;
     let found = i64::try_from(seqs.len()).unwrap_or(max);
-    Ok((seqs, cut_short && found < max))
+    Ok((seqs, cut_short && found < max, promoted))
 }
 
 /// Step 1 past the walk's bound: adds to `seqs` what `sql` ([`HEADS_BY_KEY`]
