@@ -72,9 +72,6 @@ impl PostgresStore {
     /// [`StoreError::Unavailable`](mailroom_core::StoreError::Unavailable);
     /// once connected, the pool reconnects by itself after outages.
     pub async fn connect(opts: PostgresOptions) -> Result<Self> {
-        /// How long a pooled connection may sit idle and still be handed
-        /// out without a ping.
-        const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
         opts.validate()?;
         // Durability does not depend on the server's default (SPEC §2.1).
         let connect = opts
@@ -85,21 +82,6 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(opts.pool_size)
             .acquire_timeout(opts.acquire_timeout)
-            // sqlx pings a connection when it goes back to the pool (and
-            // closes it if that fails), so one handed out again soon after
-            // needs no second ping: that was a round trip before every
-            // claim and every group of inserts or outcomes, on their
-            // critical path. A connection idle for longer is pinged first,
-            // as one that may have outlived the server.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= PING_IF_IDLE_FOR {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
             .connect_with(connect.clone())
             .await
             .map_err(db("connecting"))?;
