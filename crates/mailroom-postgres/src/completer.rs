@@ -1,14 +1,19 @@
 //! Group commit for completions, the other hot write of the data path.
 //!
-//! Same shape as the insert `writer`: a bounded queue (full →
-//! [`StoreError::Overloaded`]), one task that drains what is waiting and
-//! records it all with one statement — a fenced `UPDATE ... FROM
-//! UNNEST(...)` plus the history rows — in one transaction and one commit,
+//! Same shape as the insert `writer`: a bounded queue, one task that
+//! drains what is waiting and records it all with one statement — a fenced
+//! `UPDATE ... FROM UNNEST(...)` plus the history rows — and one commit,
 //! then answers each caller. A completion whose token is not current
 //! changes nothing and gets [`StoreError::StaleToken`] (or `NotFound`),
 //! exactly as if it had run alone; of two completions with the same token in
 //! one group, one wins and the other is stale. The statement is
 //! [`sql::complete_many`](crate::sql::complete_many).
+//!
+//! Unlike an insert, a completion waits for room in a full queue rather
+//! than failing with [`StoreError::Overloaded`]: the attempt has run, and
+//! an outcome refused would leave its event to its lease. The waiting
+//! holds back its topic loop (its places among the outcomes being
+//! recorded), which is the backpressure the queue is there for.
 
 use crate::sql::complete_many;
 use mailroom_core::{Completion, EventId, FencingToken, Result, StoreError};
@@ -40,7 +45,8 @@ impl Completer {
         Self { queue }
     }
 
-    /// Queues a completion and waits for its committed answer.
+    /// Queues a completion, waiting for room if the queue is full, and
+    /// waits for its committed answer.
     pub(crate) async fn complete(
         &self,
         id: EventId,
@@ -49,16 +55,14 @@ impl Completer {
     ) -> Result<()> {
         let (reply, answer) = oneshot::channel();
         self.queue
-            .try_send(Job {
+            .send(Job {
                 id,
                 token,
                 completion,
                 reply,
             })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => StoreError::Overloaded,
-                mpsc::error::TrySendError::Closed(_) => stopped(),
-            })?;
+            .await
+            .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }

@@ -20,7 +20,8 @@ pub struct PostgresOptions {
     /// Most inserts grouped into one transaction.
     pub max_batch: usize,
     /// Inserts that may wait for the writer; beyond this, inserts fail fast
-    /// with [`StoreError::Overloaded`].
+    /// with [`StoreError::Overloaded`]. Also the completions that may wait
+    /// for the completion task; beyond this, a completion waits for room.
     pub queue_capacity: usize,
     /// How long an operation waits for a pooled connection before it fails
     /// with [`StoreError::Unavailable`] (e.g. while the database is down).

@@ -106,19 +106,14 @@ pub(super) async fn run_attempt(
     let span = info_span!("attempt", event_id = %event.id, topic = %event.topic,
         attempt = event.attempts, correlation_id = event.correlation_id.as_deref().unwrap_or(""));
     crate::otel::adopt(&span, event.traceparent.as_deref());
-    async {
-        let call = handler.handle(event).instrument(info_span!("handler call"));
-        let (verdict, elapsed) = guarded(topic.spec.timeout, call).await;
-        let outcome = verdict.unwrap_or_else(|failed| failed);
-        if let Some(pause) = outcome.pause() {
-            super::limits::pause(store, topic, pause).await;
-        }
-        let completion = settle(topic, event, outcome, elapsed);
+    async move {
+        let (id, token) = (c.event.id, c.token);
+        let completion = call_handler(store, topic, handler, &c.event).await;
         match record {
             Record::WithClaim(to_loop) => {
                 let finished = Finished {
-                    id: event.id,
-                    token: c.token,
+                    id,
+                    token,
                     completion,
                     slot: slot.handler,
                 };
@@ -126,17 +121,34 @@ pub(super) async fn run_attempt(
                 drop(to_loop.send(finished));
             }
             Record::Alone => {
+                // What is left to record is the outcome: the event (its
+                // payload) is not held while it waits for its commit.
+                drop(c);
                 let _recording = slot.into_recording().await;
-                recorded(
-                    event.id,
-                    store.complete(event.id, c.token, completion).await,
-                );
+                recorded(id, store.complete(id, token, completion).await);
                 topic.wake.notify_one();
             }
         }
     }
     .instrument(span)
     .await;
+}
+
+/// The handler's call on `event`, and its verdict resolved into the
+/// completion to record (after the pause a 429 asked for, if any).
+async fn call_handler(
+    store: &dyn Store,
+    topic: &TopicRuntime,
+    handler: &dyn Handler,
+    event: &Event,
+) -> Completion {
+    let call = handler.handle(event).instrument(info_span!("handler call"));
+    let (verdict, elapsed) = guarded(topic.spec.timeout, call).await;
+    let outcome = verdict.unwrap_or_else(|failed| failed);
+    if let Some(pause) = outcome.pause() {
+        super::limits::pause(store, topic, pause).await;
+    }
+    settle(topic, event, outcome, elapsed)
 }
 
 /// Logs an outcome that could not be recorded.
@@ -155,12 +167,11 @@ pub(super) fn recorded(id: EventId, result: Result<(), StoreError>) {
 
 /// An attempt's hold on its topic's capacity: a handler slot (of
 /// `concurrency`), traded, once the handler's verdict is in, for a place
-/// among the outcomes being recorded (also `concurrency`). A topic loop
-/// claims into its free handler slots, so its next claim overlaps the
-/// commit of the last attempts' outcomes (grouped by the store) instead
-/// of waiting for it; and at most `2 × concurrency` of its events are
-/// claimed by it and unrecorded at once, which bounds what it hands the
-/// store's completion queue.
+/// among the outcomes being recorded (`RECORDING_ROUNDS × concurrency`).
+/// A topic loop claims into its free handler slots, so its next claim
+/// overlaps the commit of the last attempts' outcomes (grouped by the
+/// store) instead of waiting for it; and the places bound what one topic
+/// hands the store's completion queue.
 pub(super) struct Slot {
     pub handler: OwnedSemaphorePermit,
     pub recording: Arc<Semaphore>,

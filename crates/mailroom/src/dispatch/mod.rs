@@ -49,6 +49,14 @@ use tracing::warn;
 const MAX_CLAIM: u32 = 256;
 /// The error recorded for an event claimed ahead and given back at shutdown.
 const SHUTTING_DOWN: &str = "released: shutting down before a slot was free";
+/// How many handler slots' worth of outcomes a topic may have waiting for
+/// their commit (`attempt::Slot`). At 1, a fast topic's attempts waited
+/// for a place about as long as the store took to commit a group, holding
+/// their handler slots meanwhile, and the topic ran at the pace of its
+/// outcome commits rather than its claims: measured on PostgreSQL
+/// (`drain --modes single`, alternating rounds), 4 drained 1.16–1.31× as
+/// many events per second, with a quarter fewer commits (larger groups).
+const RECORDING_ROUNDS: usize = 4;
 /// The first and the longest pause after a failed claim (doubling between).
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -102,7 +110,9 @@ pub(crate) async fn run_topic(
     };
     let attempts = Attempts {
         slots: Arc::new(Semaphore::new(topic.spec.concurrency as usize)),
-        recording: Arc::new(Semaphore::new(topic.spec.concurrency as usize)),
+        recording: Arc::new(Semaphore::new(
+            RECORDING_ROUNDS * topic.spec.concurrency as usize,
+        )),
         tracker: TaskTracker::new(),
         store: store.clone(),
         topic: topic.clone(),
@@ -283,7 +293,8 @@ fn items(done: &[Finished]) -> Vec<(EventId, FencingToken, Completion)> {
 }
 
 /// The attempts of one topic loop: at most its concurrency of handlers at
-/// a time, and as many outcomes being recorded (`attempt::Slot`).
+/// a time, and [`RECORDING_ROUNDS`] times as many outcomes being recorded
+/// (`attempt::Slot`).
 struct Attempts {
     slots: Arc<Semaphore>,
     recording: Arc<Semaphore>,
