@@ -19,6 +19,16 @@ use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+/// How recently a pooled connection must have been in use for a claim to
+/// take it without the pool's ping (`PostgresStore::connect`).
+const UNPINGED_WITHIN: Duration = Duration::from_secs(1);
+
+tokio::task_local! {
+    /// Set while a claim runs ([`Store::claim`]): the connections it takes
+    /// are handed out without a ping if they were in use a moment ago.
+    static CLAIMING: ();
+}
+
 /// The scale-out store: a connection pool to a database that any number of
 /// mailroom instances share, a group-commit task for inserts, and a `LISTEN`
 /// connection that wakes subscribers when events arrive.
@@ -82,6 +92,26 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(opts.pool_size)
             .acquire_timeout(opts.acquire_timeout)
+            // sqlx pings a pooled connection before handing it out (and
+            // again, in the background, when it goes back): a round trip
+            // in front of each claim, on a topic loop's critical path. A
+            // claim skips it for a connection in use less than
+            // UNPINGED_WITHIN ago, and is tried again on pinged
+            // connections if it fails (`Store::claim`). Everything else
+            // keeps the ping: an insert or a group of outcomes that failed
+            // on a connection the server ended (a restart) would fail its
+            // callers, who cannot all be retried as safely.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < UNPINGED_WITHIN && CLAIMING.try_with(|()| ()).is_ok() {
+                        return Ok(true);
+                    }
+                    // A connection that fails its ping is closed and
+                    // another one handed out (or opened).
+                    Ok(sqlx::Connection::ping(conn).await.is_ok())
+                })
+            })
             .connect_with(connect.clone())
             .await
             .map_err(db("connecting"))?;
@@ -187,8 +217,16 @@ impl PostgresStore {
         window_for(sparse.contains_key(topic))
     }
 
-    /// A claim of independent events, from the topic's floor when it has
-    /// one, then from its start for the rest if that came back short.
+    /// One claim ([`Store::claim`]).
+    async fn claim_once(&self, req: &ClaimRequest) -> Result<Vec<Claimed>> {
+        self.raise_waiting(req).await?;
+        let claimed = match req.per_key {
+            Some(on_dead) => self.claim_heads(req, on_dead).await?,
+            None => self.claim_independent(req).await?,
+        };
+        Ok(claimed.into_iter().map(|(_, c)| c).collect())
+    }
+
     /// Raises the events of `req`'s topic that waited its
     /// `max_wait_for_priority` ([`sql::raise_waiting`]), if the last time
     /// was long enough ago; after a raise the topic's next claim walks from
@@ -212,6 +250,8 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// A claim of independent events, from the topic's floor when it has
+    /// one, then from its start for the rest if that came back short.
     async fn claim_independent(&self, req: &ClaimRequest) -> Result<Vec<(sql::Position, Claimed)>> {
         let floors = &self.inner.floors;
         let max = usize::try_from(req.max).unwrap_or(usize::MAX);
@@ -273,16 +313,24 @@ impl Store for PostgresStore {
     /// Independent topics are claimed from a floor (`floor.rs`): an event
     /// that turns pending behind newer ones waits at most
     /// `RESCAN` longer, the latitude [`Store::claim`] allows.
+    ///
+    /// A claim takes connections used a moment ago without the pool's
+    /// ping (`connect`); if it fails, it runs again on pinged ones, so a
+    /// connection that the server ended since its last use (a restart)
+    /// costs a second try, not a failed claim. Trying again is safe: a
+    /// claim that failed committed nothing, or, if its commit's answer was
+    /// lost, left its events under leases that rescue ends.
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Claimed>> {
         if req.max == 0 {
             return Ok(Vec::new());
         }
-        self.raise_waiting(req).await?;
-        let claimed = match req.per_key {
-            Some(on_dead) => self.claim_heads(req, on_dead).await?,
-            None => self.claim_independent(req).await?,
-        };
-        Ok(claimed.into_iter().map(|(_, c)| c).collect())
+        match CLAIMING.scope((), self.claim_once(req)).await {
+            Ok(claimed) => Ok(claimed),
+            Err(e) => {
+                tracing::debug!(error = %e, topic = %req.topic, "claim failed; trying again on pinged connections");
+                self.claim_once(req).await
+            }
+        }
     }
 
     async fn complete(

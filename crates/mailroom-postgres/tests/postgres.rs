@@ -466,6 +466,33 @@ async fn a_connection_whose_session_ended_is_replaced_unseen() {
     }
 }
 
+/// A claim takes a connection used a moment ago without the pool's ping
+/// (the claim loop's critical path): if the server ended its session
+/// since, the claim runs again on pinged connections instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_connection_the_server_ended_is_tried_again() {
+    let (url, store) = fresh(true).await;
+    store.insert(event("orders", "e1", None)).await.unwrap();
+    store.insert(event("orders", "e2", None)).await.unwrap();
+    let db_name = url.rsplit('/').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&mailroom_testkit::postgres_admin_url())
+        .await
+        .unwrap();
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = $1 AND application_name = 'mailroom'",
+    )
+    .bind(&db_name)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!ended.is_empty(), "the store's sessions were found");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The claim comes first: the pooled connections it finds are dead.
+    let claimed = store.claim(&claim_req("orders", 10, None)).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+}
+
 /// `Store::notifications` streams the topics other instances insert into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_stream_topics_from_other_instances() {
