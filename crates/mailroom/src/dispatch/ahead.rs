@@ -34,12 +34,25 @@ use std::time::{Duration, Instant};
 pub(super) const WINDOW: Duration = Duration::from_millis(100);
 /// The most events claimed beyond the free slots.
 pub(super) const AHEAD_MAX: u32 = 256;
+/// The largest claim of a topic of independent events that claims ahead:
+/// its free slots and the events claimed beyond them in one round trip.
+/// Such a topic's loop is claim-bound (about 93 % of a drain in claim
+/// calls), so the claim's fixed cost (the round trip, the commit, the
+/// statement's setup) is spread over more events: measured on PostgreSQL
+/// (`drain --modes single`, 3 alternating rounds), claims of up to 512
+/// drained 1.05–1.17× as many events per second as claims of up to
+/// [`MAX_CLAIM`](super::MAX_CLAIM), for 0.9× the database's CPU per event.
+/// Sequential topics keep [`MAX_CLAIM`](super::MAX_CLAIM): their claims
+/// test the head rule row by row, and larger ones were not faster.
+pub(super) const AHEAD_CLAIM_MAX: u32 = 512;
 
 /// Attempts a topic loop started recently, to size its claims ahead.
 #[derive(Debug)]
 pub(super) struct Ahead {
     enabled: bool,
     cap: u32,
+    /// The most events one claim of the topic takes.
+    claim_max: u32,
     /// (when, how many) per batch of attempts started, oldest first.
     started: VecDeque<(Instant, u32)>,
 }
@@ -48,11 +61,23 @@ impl Ahead {
     /// For `spec` on a store that `shares_commits` or not: off unless its
     /// events are independent and unlimited and the store does not.
     pub(super) fn for_topic(spec: &TopicSpec, shares_commits: bool) -> Self {
+        let enabled = !spec.is_limited() && !shares_commits;
+        let independent = spec.mode.per_key().is_none();
         Self {
-            enabled: !spec.is_limited() && !shares_commits,
+            enabled,
             cap: AHEAD_MAX.min(spec.concurrency),
+            claim_max: if enabled && independent {
+                AHEAD_CLAIM_MAX
+            } else {
+                super::MAX_CLAIM
+            },
             started: VecDeque::new(),
         }
+    }
+
+    /// The most events one claim of the topic takes.
+    pub(super) fn claim_max(&self) -> u32 {
+        self.claim_max
     }
 
     /// Records `n` attempts started (or waiting for a slot) at `now`.
@@ -104,6 +129,20 @@ mod tests {
 
     fn spec() -> TopicSpec {
         TopicSpec::new("t").concurrency(64)
+    }
+
+    #[test]
+    fn only_independent_topics_that_claim_ahead_take_larger_claims() {
+        use crate::dispatch::MAX_CLAIM;
+        assert_eq!(
+            Ahead::for_topic(&spec(), false).claim_max(),
+            AHEAD_CLAIM_MAX
+        );
+        assert_eq!(Ahead::for_topic(&spec(), true).claim_max(), MAX_CLAIM);
+        let sequential = spec().mode(Mode::Sequential {
+            on_dead: OnDead::Block,
+        });
+        assert_eq!(Ahead::for_topic(&sequential, false).claim_max(), MAX_CLAIM);
     }
 
     #[test]

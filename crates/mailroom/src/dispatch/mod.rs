@@ -45,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-/// Most events claimed in one store round trip.
+/// Most events claimed in one store round trip (but see
+/// `ahead::AHEAD_CLAIM_MAX`).
 const MAX_CLAIM: u32 = 256;
 /// The error recorded for an event claimed ahead and given back at shutdown.
 const SHUTTING_DOWN: &str = "released: shutting down before a slot was free";
@@ -175,7 +176,7 @@ impl TopicLoop {
             tokio::task::yield_now().await;
             return true;
         }
-        let want = (free + self.ahead.extra(Instant::now())).min(MAX_CLAIM);
+        let want = (free + self.ahead.extra(Instant::now())).min(self.ahead.claim_max());
         let req = self.topic.claim_request(&self.worker, want);
         let (claimed, asked, capped) = match self.claim(&req).await {
             Ok(LimitedClaim::Claimed {
