@@ -34,6 +34,7 @@ pub mod outbox;
 mod schema;
 mod sql;
 mod store;
+mod vacuum;
 mod writer;
 
 pub use listen::ANY_TOPIC;

@@ -29,6 +29,11 @@ pub struct PostgresOptions {
     /// Start the `LISTEN mailroom_events` connection behind
     /// [`PostgresStore::subscribe`](crate::PostgresStore::subscribe).
     pub listen: bool,
+    /// Claimed events after which the store VACUUMs `mailroom.queue` in
+    /// the background, so the claims that walk a topic whole do not step
+    /// over the dead entries of every event claimed since autovacuum's
+    /// last visit (`vacuum.rs`); 0 leaves it to autovacuum.
+    pub vacuum_queue_every: u64,
 }
 
 impl PostgresOptions {
@@ -55,6 +60,7 @@ impl PostgresOptions {
             queue_capacity: 8192,
             acquire_timeout: Duration::from_secs(5),
             listen: true,
+            vacuum_queue_every: 100_000,
         }
     }
 

@@ -4,6 +4,7 @@ use crate::completer::Completer;
 use crate::floor::{Floors, RESCAN};
 use crate::options::PostgresOptions;
 use crate::sql::{self, db};
+use crate::vacuum::QueueVacuum;
 use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
@@ -51,6 +52,8 @@ struct Inner {
     listener: Option<JoinHandle<()>>,
     /// Where claims of independent events start (`floor.rs`).
     floors: Floors,
+    /// VACUUMs the queue after many claims (`vacuum.rs`).
+    vacuum: Arc<QueueVacuum>,
     /// Sequential topics whose last claim's walk its bound cut short, with
     /// when a claim last looked for keyless events past the bound: their
     /// next claim walks [`sql::SPARSE_WINDOW`] pending events, not
@@ -126,6 +129,7 @@ impl PostgresStore {
         let completer = opts
             .group_commit
             .then(|| Completer::start(pool.clone(), opts.max_batch, opts.queue_capacity));
+        let vacuum = QueueVacuum::new(pool.clone(), opts.vacuum_queue_every);
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -134,6 +138,7 @@ impl PostgresStore {
                 notify,
                 listener,
                 floors: Floors::default(),
+                vacuum,
                 sparse: Mutex::default(),
                 limited: Mutex::default(),
                 raised: Mutex::default(),
@@ -324,13 +329,15 @@ impl Store for PostgresStore {
         if req.max == 0 {
             return Ok(Vec::new());
         }
-        match CLAIMING.scope((), self.claim_once(req)).await {
-            Ok(claimed) => Ok(claimed),
+        let claimed = match CLAIMING.scope((), self.claim_once(req)).await {
+            Ok(claimed) => claimed,
             Err(e) => {
                 tracing::debug!(error = %e, topic = %req.topic, "claim failed; trying again on pinged connections");
-                self.claim_once(req).await
+                self.claim_once(req).await?
             }
-        }
+        };
+        self.inner.vacuum.claimed(claimed.len());
+        Ok(claimed)
     }
 
     async fn complete(

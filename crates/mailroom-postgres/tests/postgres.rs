@@ -493,6 +493,69 @@ async fn a_claim_on_a_connection_the_server_ended_is_tried_again() {
     assert_eq!(claimed.len(), 2);
 }
 
+/// Manual VACUUMs of `mailroom.queue` so far (autovacuum's are counted apart).
+async fn queue_vacuums(url: &str) -> i64 {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'mailroom.queue'::regclass",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+}
+
+/// Claims `n` events of topic `orders` (inserted first), and completes them.
+async fn claim_and_complete(store: &PostgresStore, n: usize) {
+    for i in 0..n {
+        store
+            .insert(event("orders", &format!("v{i}"), None))
+            .await
+            .unwrap();
+    }
+    let mut left = n;
+    while left > 0 {
+        let claimed = store.claim(&claim_req("orders", 32, None)).await.unwrap();
+        assert!(!claimed.is_empty());
+        left -= claimed.len();
+        for c in claimed {
+            store
+                .complete(c.event.id, c.token, mailroom_core::Completion::Done)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A store VACUUMs the queue after `vacuum_queue_every` claimed events,
+/// and never with 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_is_vacuumed_after_many_claims() {
+    for (every, vacuums) in [(0, false), (50, true)] {
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let mut opts = PostgresOptions::from_url(&url).unwrap();
+        opts.vacuum_queue_every = every;
+        let store = PostgresStore::connect(opts).await.unwrap();
+        store.migrate().await.unwrap();
+        claim_and_complete(&store, 120).await;
+        // Statistics reach the view a moment after the vacuum ends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut seen = queue_vacuums(&url).await;
+        while seen == 0 && vacuums && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            seen = queue_vacuums(&url).await;
+        }
+        if !vacuums {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            seen = queue_vacuums(&url).await;
+        }
+        assert_eq!(
+            seen > 0,
+            vacuums,
+            "vacuum_queue_every = {every}: {seen} vacuums"
+        );
+    }
+}
+
 /// `Store::notifications` streams the topics other instances insert into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_stream_topics_from_other_instances() {
