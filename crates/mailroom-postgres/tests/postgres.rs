@@ -428,18 +428,10 @@ async fn outages_are_unavailable_and_the_pool_recovers() {
     );
 }
 
-/// A pooled connection whose server session ended (terminated here, as a
-/// database restart ends them all) is never handed out, however recently
-/// it was used: sqlx pings each one before handing it out and replaces
-/// it when that fails. So right after, an insert, a claim and two
-/// completions all succeed on their first try. (Handing out a connection
-/// used less than a second ago without the ping lost a group of outcomes
-/// and failed the intake for a second after a restart; this test fails
-/// with that.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_whose_session_ended_is_replaced_unseen() {
-    let (url, store) = fresh(true).await;
-    store.insert(event("orders", "before", None)).await.unwrap();
+/// Terminates the store's server sessions on the database at `url` (as a
+/// restart would, unseen by its pool), and gives the backends a moment to
+/// exit.
+async fn end_store_sessions(url: &str) {
     let db_name = url.rsplit('/').next().unwrap().to_owned();
     let mut admin = sqlx::PgConnection::connect(&mailroom_testkit::postgres_admin_url())
         .await
@@ -453,8 +445,23 @@ async fn a_connection_whose_session_ended_is_replaced_unseen() {
     .await
     .unwrap();
     assert!(!ended.is_empty(), "the store's sessions were found");
-    // The backends take a moment to exit after the signal.
     tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// A pooled connection whose server session ended (terminated here, as a
+/// database restart ends them all) is never handed to an insert or a
+/// completion, however recently it was used: the pool pings each one
+/// before handing it out and replaces it when that fails (a claim skips
+/// the ping and tries again instead: the next test). So right after, an
+/// insert, a claim and two completions all succeed on their first try.
+/// (Handing out a connection used less than a second ago without the ping
+/// to every caller lost a group of outcomes and failed the intake for a
+/// second after a restart; this test fails with that.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_session_ended_is_replaced_unseen() {
+    let (url, store) = fresh(true).await;
+    store.insert(event("orders", "before", None)).await.unwrap();
+    end_store_sessions(&url).await;
     store.insert(event("orders", "after", None)).await.unwrap();
     let claimed = store.claim(&claim_req("orders", 10, None)).await.unwrap();
     assert_eq!(claimed.len(), 2);
@@ -474,20 +481,7 @@ async fn a_claim_on_a_connection_the_server_ended_is_tried_again() {
     let (url, store) = fresh(true).await;
     store.insert(event("orders", "e1", None)).await.unwrap();
     store.insert(event("orders", "e2", None)).await.unwrap();
-    let db_name = url.rsplit('/').next().unwrap().to_owned();
-    let mut admin = sqlx::PgConnection::connect(&mailroom_testkit::postgres_admin_url())
-        .await
-        .unwrap();
-    let ended: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE datname = $1 AND application_name = 'mailroom'",
-    )
-    .bind(&db_name)
-    .fetch_all(&mut admin)
-    .await
-    .unwrap();
-    assert!(!ended.is_empty(), "the store's sessions were found");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    end_store_sessions(&url).await;
     // The claim comes first: the pooled connections it finds are dead.
     let claimed = store.claim(&claim_req("orders", 10, None)).await.unwrap();
     assert_eq!(claimed.len(), 2);
