@@ -54,9 +54,9 @@ struct Inner {
     floors: Floors,
     /// VACUUMs the queue after many claims (`vacuum.rs`).
     vacuum: Arc<QueueVacuum>,
-    /// Sequential topics whose last claim's walk its bound cut short, with
-    /// when a claim last looked for keyless events past the bound: their
-    /// next claim walks [`sql::SPARSE_WINDOW`] pending events, not
+    /// Sequential topics whose last claim found heads sparse among the
+    /// pending events (`sql::sparse_heads`), with when a claim last looked
+    /// for keyless events past the bound: their next claim walks [`sql::SPARSE_WINDOW`] pending events, not
     /// [`sql::SEQUENTIAL_WINDOW`], before looking up heads key by key, and
     /// keyless events once [`RESCAN`] has passed.
     sparse: Mutex<HashMap<String, Instant>>,
@@ -189,8 +189,8 @@ impl PostgresStore {
         let window = window_for(last_keyless.is_some());
         let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
         let pool = self.pool_ref();
-        let (claimed, cut_short) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
-        if cut_short {
+        let (claimed, sparse_now) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
+        if sparse_now {
             let at = match last_keyless {
                 Some(at) if !keyless => at,
                 _ => started,
@@ -525,5 +525,69 @@ impl Store for PostgresStore {
 
     async fn try_lead(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
         sql::try_lead(self.pool_ref(), role, holder, ttl).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mailroom_core::Store;
+    use sqlx::Connection;
+
+    fn heads_of(topic: &str, max: u32) -> ClaimRequest {
+        ClaimRequest {
+            topic: topic.into(),
+            worker: "w".into(),
+            max,
+            lease: Duration::from_secs(30),
+            per_key: Some(OnDead::Block),
+            max_wait_for_priority: None,
+            expire_after: None,
+        }
+    }
+
+    /// 200 keys of 10 events each, stored round-robin: a claim of 256
+    /// heads finds all 200 in a walk cut short, so heads are sparse. Once
+    /// those are done, every pending event of the walk's first 64 is a
+    /// head: the next claim, walking 64, is cut short of 256 too, but at
+    /// that rate a walk of the whole bound would fill it, so the topic's
+    /// claims walk the whole bound again.
+    #[tokio::test]
+    async fn a_topic_whose_heads_are_dense_again_walks_the_whole_bound() {
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(
+            "WITH inserted AS (
+                 INSERT INTO mailroom.events
+                     (id, source, topic, dedup_key, key, status, max_attempts, next_attempt_at)
+                 SELECT mailroom.uuid_v7(), 's', 't', g::text, 'k' || (g % 200), 'pending', 10, now()
+                 FROM generate_series(0, 1999) g ORDER BY g
+                 RETURNING seq, topic, key, next_attempt_at
+             )
+             INSERT INTO mailroom.queue (seq, topic, key, run_at, ready_at, state)
+             SELECT seq, topic, key, next_attempt_at, next_attempt_at, 'pending' FROM inserted",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+        let first = store.claim(&heads_of("t", 256)).await.unwrap();
+        assert_eq!(first.len(), 200);
+        assert_eq!(store.walk_window("t"), sql::SPARSE_WINDOW);
+
+        sqlx::raw_sql(
+            "DELETE FROM mailroom.queue WHERE state = 'running';
+             UPDATE mailroom.events SET status = 'done' WHERE status = 'running';",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let second = store.claim(&heads_of("t", 256)).await.unwrap();
+        assert_eq!(second.len(), 200);
+        assert_eq!(store.walk_window("t"), sql::SEQUENTIAL_WINDOW);
     }
 }
