@@ -12,43 +12,23 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// locks, so they never meet the migration lock or an application's locks.
 pub(super) const KEY_LOCK_CLASS: i32 = 0x6d72_6b79; // "mrky"
 
-/// The head rule of sequential topics, for a candidate queue row `e`: no
-/// earlier open event of its key blocks it, and no event of its key is
-/// running. Every queue row is open (pending, running, or dead with a
-/// key), so the first subquery is one probe of `queue_keys` and the
-/// second one of `queue_running`.
-macro_rules! head_of_key {
-    ($blocking:literal) => {
-        concat!(
-            "(e.key IS NULL OR (
-                NOT EXISTS (SELECT 1 FROM mailroom.queue p
-                    WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
-                      AND p.seq < e.seq ",
-            $blocking,
-            ")
-                AND NOT EXISTS (SELECT 1 FROM mailroom.queue r
-                    WHERE r.topic = e.topic AND r.key = e.key AND r.state = 'running')))"
-        )
-    };
-}
-// With OnDead::Skip a dead event does not hold its key back.
-macro_rules! head_block {
+/// Step 2's part of the head rule ([`claim_locked!`]): no event of the key
+/// of queue row `e` runs, one probe of `queue_running`. Read on a snapshot
+/// taken after the key's lock was granted, so it sees every claim of the
+/// key that committed ([`claim_heads`]).
+macro_rules! none_running {
     () => {
-        head_of_key!("")
-    };
-}
-macro_rules! head_skip {
-    () => {
-        head_of_key!("AND p.state <> 'dead'")
+        "(e.key IS NULL OR NOT EXISTS (SELECT 1 FROM mailroom.queue r
+             WHERE r.topic = e.topic AND r.key = e.key AND r.state = 'running'))"
     };
 }
 
 /// Step 1's part of the head rule ([`claim_candidates!`]): no earlier open
 /// event of its key, the `queue_keys` probe alone. An event of the key
 /// that runs is open, and earlier than the candidate but for a replayed or
-/// rescued event behind a later one that runs; step 2 tests the whole
-/// rule anyway, so step 1 leaves that rare case to it and spends one probe
-/// per candidate instead of two.
+/// rescued event behind a later one that runs; step 2 tests that nothing
+/// of the key runs ([`none_running!`]) anyway, so step 1 leaves that rare
+/// case to it and spends one probe per candidate instead of two.
 macro_rules! first_of_key {
     ($blocking:literal) => {
         concat!(
@@ -249,30 +229,37 @@ macro_rules! walk {
 }
 
 /// Sequential topics, step 1: the candidate heads (on this statement's
-/// snapshot), each of whose key we then try to lock. `$1` topic, `$2` max,
-/// `$3` lock class, `$4` window, `$5` expiry (µs or NULL).
+/// snapshot), each of whose key we now hold. `$1` topic, `$2` max, `$3`
+/// lock class, `$4` window, `$5` expiry (µs or NULL).
 ///
 /// The walk ([`walk!`]) reads the topic's first `$4` pending rows at most,
 /// in claim order: with a few keys and deep backlogs almost every pending
 /// event waits behind its key's head, and an unbounded walk would test
-/// them all on every claim. Its rows are tested as they come, due and
-/// first open event of their key ([`first_of_key!`]) on the walk's copy,
-/// each passing one then locked through the
-/// primary key (`FOR UPDATE SKIP LOCKED`, so a row another claim holds is
-/// passed over, and one claimed since the walk's snapshot is re-read and
-/// dropped), until `$2` are. The lateral join is a nested loop under the
+/// them all on every claim. Its rows are tested as they come: due, not
+/// expired and first open event of their key ([`first_of_key!`]) on the
+/// walk's copy, and then the key's lock is tried
+/// (`pg_try_advisory_xact_lock`, not waited for: a key another claim
+/// holds is passed over), until `$2` are taken. The `CASE` tries the lock
+/// only for a row that passed the tests, so a claim holds the locks of
+/// the keys it takes and of no other. The walk is a subquery under the
 /// `LIMIT`, so a claim of 256 heads reads and tests about as many rows,
 /// not the whole walk; no `ORDER BY`: the walk is in claim order already,
 /// and a sort or a hash join would test every row of the walk before the
 /// first comes out (`docs/perf/postgres.md`).
 ///
+/// No row lock: the key's lock keeps every other claim off the key's
+/// events, and step 2 ([`claim_locked!`]) re-reads each row and claims it
+/// only if it is still pending. A keyless candidate (only the outbox
+/// stores them in a sequential topic) has no key lock: another
+/// instance's claim may take it first, and step 2 then finds it running.
+///
 /// Returns whether the bound cut the walk short of `$2` heads (more
 /// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
 /// of the keys the walk did not reach; counted by a second walk, only when
-/// the claim is short), the `seq` of keyless candidates and of candidates
-/// whose key lock we now hold, and whether it moved scheduled rows that
-/// fell due to pending ([`PROMOTE`], first, in the same statement: one
-/// round trip less per claim than a statement of its own).
+/// the claim is short), the candidates' `seq`s, and whether it moved
+/// scheduled rows that fell due to pending ([`PROMOTE`], first, in the
+/// same statement: one round trip less per claim than a statement of its
+/// own).
 macro_rules! claim_candidates {
     ($head:expr) => {
         concat!(
@@ -280,17 +267,17 @@ macro_rules! claim_candidates {
             promote!(),
             " RETURNING s.seq
              ), candidates AS MATERIALIZED (
-                 SELECT q.seq, q.key FROM (",
+                 SELECT e.seq FROM (",
             walk!(),
-            ") e CROSS JOIN LATERAL (
-                     SELECT q.seq, q.key FROM mailroom.queue q
-                     WHERE q.seq = e.seq AND COALESCE(q.state, '') = 'pending'
-                     FOR UPDATE SKIP LOCKED) q
-                 WHERE e.run_at <= now() AND ",
+            ") e
+                 WHERE CASE WHEN e.run_at <= now() AND ",
             unexpired!("e", "$5"),
             " AND ",
             $head,
             "
+                            THEN e.key IS NULL
+                                 OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || e.key))
+                            ELSE false END
                  LIMIT $2
              )
              SELECT CASE WHEN cardinality(l.seqs) < $2
@@ -300,10 +287,7 @@ macro_rules! claim_candidates {
                          ELSE false END,
                     l.seqs,
                     EXISTS (SELECT 1 FROM promoted)
-             FROM (SELECT ARRAY(SELECT c.seq FROM candidates c
-                                WHERE c.key IS NULL
-                                   OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || c.key))
-                                ORDER BY c.seq) AS seqs) l"
+             FROM (SELECT ARRAY(SELECT c.seq FROM candidates c ORDER BY c.seq) AS seqs) l"
         )
     };
 }
@@ -404,23 +388,28 @@ pub(crate) const SEQUENTIAL_WINDOW: i64 = 1024;
 /// events waiting behind their key's head.
 pub(crate) const SPARSE_WINDOW: i64 = 64;
 
-/// Sequential topics, step 2: re-check the head rule on a snapshot taken
-/// after the key locks were granted, and claim. `$3` = candidate seqs.
+/// Sequential topics, step 2: claim the candidates (`$3`) that are still
+/// pending and of whose key nothing runs ([`none_running!`]), on a
+/// snapshot taken after the key locks were granted ([`claim_heads`]).
 ///
-/// The candidates' rows are pending and stay so: step 1 locked them (`FOR
-/// UPDATE`) in this transaction, and `now()` is the transaction's start in
-/// both statements. So the rows are found by `seq` alone, through the
-/// primary key, and updated where they are found, with the head rule as
-/// the update's condition (the statement does not see its own updates, so
-/// it tests each row against the others as they were); repeating the
-/// claim's conditions here invites a walk of the pending index
-/// (`docs/perf/postgres.md`).
+/// The rows are found by `seq` alone, through the primary key, and
+/// updated where they are found, with the rule as the update's condition;
+/// repeating the claim's conditions here invites a walk of the pending
+/// index (`docs/perf/postgres.md`). A row that another transaction
+/// changes meanwhile (an operator's cancel, another instance's claim of a
+/// keyless event) is waited for and tested again on its new version.
+/// "No earlier open event of the key" was tested in step 1 and is not
+/// again: an earlier event that became open since (a replay, an insert
+/// committed late) could as well have become open just after this claim
+/// commits, and then runs after this claim's event all the same.
 macro_rules! claim_locked {
-    ($head:expr) => {
+    () => {
         claim_rows!(concat!(
             "UPDATE mailroom.queue e SET state = 'running'
              WHERE e.seq = ANY($3) AND ",
-            $head,
+            pending_by_seq!(),
+            " AND ",
+            none_running!(),
             " RETURNING e.seq, e.priority"
         ))
     };
@@ -525,14 +514,16 @@ pub(crate) async fn claim_from(
 /// 2. in a *second* statement — whose READ COMMITTED snapshot is taken after
 ///    the locks were granted, so it sees every claim of those keys that
 ///    committed before (a transaction's effects are visible before its locks
-///    are released) — re-check the head rule and claim.
+///    are released) — claim the candidates still pending of whose key
+///    nothing runs.
 ///
 /// Only claims make events `running`, and every claim of key K holds K's
 /// lock until it commits, so two running events of one key can never
 /// coexist, across any number of connections and instances. Completions,
 /// replays and rescues only make a key less busy and need no lock. Keyless
-/// events are independent and rely on `FOR UPDATE SKIP LOCKED` alone. A hash
-/// collision between two keys only makes one claim skip a key for a moment.
+/// events are independent: step 2 claims them only while pending, and
+/// waits for a concurrent claim of one. A hash collision between two keys
+/// only makes one claim skip a key for a moment.
 ///
 /// `window` bounds the walk ([`SEQUENTIAL_WINDOW`] or [`SPARSE_WINDOW`]);
 /// past it, `keyless` also looks for keyless events ([`KEYLESS`]). Also
@@ -545,17 +536,9 @@ pub(crate) async fn claim_heads(
     keyless: bool,
 ) -> Result<(Vec<(Position, Claimed)>, bool)> {
     const CTX: &str = "claiming events";
-    let (pick, by_key, take) = match on_dead {
-        OnDead::Block => (
-            claim_candidates!(first_block!()),
-            HEADS_BY_KEY,
-            claim_locked!(head_block!()),
-        ),
-        OnDead::Skip => (
-            claim_candidates!(first_skip!()),
-            HEADS_BY_KEY_SKIP_DEAD,
-            claim_locked!(head_skip!()),
-        ),
+    let (pick, by_key) = match on_dead {
+        OnDead::Block => (claim_candidates!(first_block!()), HEADS_BY_KEY),
+        OnDead::Skip => (claim_candidates!(first_skip!()), HEADS_BY_KEY_SKIP_DEAD),
     };
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     let (mut seqs, mut cut_short, promoted) = walk_candidates(&mut tx, req, pick, window).await?;
@@ -577,7 +560,7 @@ pub(crate) async fn claim_heads(
         tx.commit().await.map_err(db(CTX))?;
         return Ok((Vec::new(), sparse));
     }
-    let rows = sqlx::query(take)
+    let rows = sqlx::query(claim_locked!())
         .bind(micros(req.lease))
         .bind(&req.worker)
         .bind(&seqs)
