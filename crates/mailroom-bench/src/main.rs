@@ -70,6 +70,10 @@ enum Command {
     /// SQLite drains of `single` and `batch` beside a raw SQLite loop doing
     /// only the writes a batch drain needs (the bound for `batch`).
     Floor(FloorArgs),
+    /// PostgreSQL drains of `single` and `sequential` beside raw SQL
+    /// floors of both (keyless events; heads of keys): what the per-key
+    /// rule costs on mailroom's schema, and what the engine pays for it.
+    HeadsFloor(FloorArgs),
     /// RabbitMQ: inbound (AMQP source into SQLite) and the relay, beside
     /// lapin alone and a hand-written relay, with ratios.
     Amqp(AmqpArgs),
@@ -497,6 +501,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Dashboard(a) => run_dashboard(a).await,
         Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
+        Command::HeadsFloor(a) => run_heads_floor(a).await,
         Command::Faults(a) => run_faults(a).await,
     }
 }
@@ -704,6 +709,24 @@ async fn run_floor(a: FloorArgs) -> anyhow::Result<ExitCode> {
         }))?;
     } else {
         floor::print(&settings, &a.store, &rounds);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_heads_floor(a: FloorArgs) -> anyhow::Result<ExitCode> {
+    let settings = a.drain.settings();
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        rounds.push(floor::heads::round(&settings, &a.store).await?);
+    }
+    if a.json {
+        print_json(&serde_json::json!({
+            "bench": "heads-floor",
+            "rounds": rounds,
+            "median": floor::heads::medians(&rounds),
+        }))?;
+    } else {
+        floor::heads::print(&settings, &a.store, &rounds);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,8 +16,10 @@
 //! in the same round, so the ratio says how far above `single` any batch
 //! implementation on this store could get on this machine.
 //!
-//! [`postgres`] is the same bound on PostgreSQL (`--store postgres://…`).
+//! [`postgres`] is the same bound on PostgreSQL (`--store postgres://…`),
+//! and [`heads`] the bound of a sequential topic's drain there.
 
+pub mod heads;
 pub mod postgres;
 
 use crate::backend::Backend;
