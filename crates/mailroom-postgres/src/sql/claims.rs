@@ -339,8 +339,16 @@ macro_rules! heads_by_key {
 
 /// Sequential topics, step 1 past the walk's bound: the heads of keys
 /// ([`heads_by_key!`]) that are due, minus the `seq`s the walk already
-/// took (`$3`), locked as the walk's are. `$1` topic, `$2` max, `$4` lock
-/// class, `$5` expiry.
+/// took (`$3`), in arrival order, each taken if its key's lock is granted
+/// (tried as they come, up to `$2`), as the walk's are. `$1` topic, `$2`
+/// max, `$4` lock class, `$5` expiry.
+///
+/// No row lock, as in the walk ([`claim_candidates!`]): a claim that
+/// locked a head's row before trying its key's lock held the rows of keys
+/// another instance's claim had taken until it committed, and that claim's
+/// step 2 waited for it (two instances draining one sequential topic
+/// together ran at a third of one's rate, and a claim waiting on another
+/// that waited on it was ended after `deadlock_timeout`).
 macro_rules! claim_heads_by_key {
     ($dead:literal) => {
         concat!(
@@ -354,10 +362,10 @@ macro_rules! claim_heads_by_key {
                    AND NOT (e.seq = ANY($3)) AND ",
             pending_by_seq!(),
             "
-                 ORDER BY e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED)
+                 ORDER BY e.seq)
              SELECT c.seq FROM candidates c
              WHERE pg_try_advisory_xact_lock($4, hashtext($1 || chr(31) || c.key))
-             ORDER BY c.seq"
+             LIMIT $2"
         )
     };
 }
@@ -746,6 +754,81 @@ pub(crate) async fn next_due(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use sqlx::{Connection, PgConnection};
+
+    /// The first open event of key `k1` in a `plans::backlog`.
+    async fn head_of_k1(conn: &mut PgConnection) -> i64 {
+        sqlx::query_scalar("SELECT min(seq) FROM mailroom.queue WHERE key = 'k1'")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+
+    /// Whether a third session can lock queue row `seq` at once.
+    async fn unlocked(url: &str, seq: i64) -> bool {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        sqlx::query("SELECT seq FROM mailroom.queue WHERE seq = $1 FOR UPDATE NOWAIT")
+            .bind(seq)
+            .fetch_optional(&mut conn)
+            .await
+            .is_ok()
+    }
+
+    /// A claim's step 1 (the walk, and the lookup by key past it) passes
+    /// over a head whose key another claim holds without locking its row:
+    /// a row held until this claim commits would stop the other claim's
+    /// step 2, which claims it. (Both statements locked the rows of their
+    /// candidates before trying their keys' locks, and two instances
+    /// draining one sequential topic waited on each other.)
+    #[tokio::test]
+    async fn step_one_leaves_the_rows_of_keys_another_claim_holds_unlocked() {
+        let (url, mut holder) = super::super::plans::backlog_at(1000).await;
+        let head = head_of_k1(&mut holder).await;
+        let mut held = holder.begin().await.unwrap();
+        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext('t' || chr(31) || 'k1'))")
+            .bind(KEY_LOCK_CLASS)
+            .execute(&mut *held)
+            .await
+            .unwrap();
+
+        let mut claimer = PgConnection::connect(&url).await.unwrap();
+        let walk = claim_candidates!(first_block!());
+        let mut tx = claimer.begin().await.unwrap();
+        let (_, seqs, _): (bool, Vec<i64>, bool) = sqlx::query_as(walk)
+            .bind("t")
+            .bind(1000_i64)
+            .bind(KEY_LOCK_CLASS)
+            .bind(SEQUENTIAL_WINDOW)
+            .bind(None::<i64>)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert!(!seqs.contains(&head) && !seqs.is_empty());
+        assert!(unlocked(&url, head).await, "the walk locked k1's head");
+        tx.rollback().await.unwrap();
+
+        let mut tx = claimer.begin().await.unwrap();
+        let by_key: Vec<i64> = sqlx::query_scalar(HEADS_BY_KEY)
+            .bind("t")
+            .bind(1000_i64)
+            .bind(Vec::<i64>::new())
+            .bind(KEY_LOCK_CLASS)
+            .bind(None::<i64>)
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(by_key.len(), 999);
+        assert!(!by_key.contains(&head));
+        assert!(
+            unlocked(&url, head).await,
+            "the lookup by key locked k1's head"
+        );
+        tx.rollback().await.unwrap();
+        held.rollback().await.unwrap();
+    }
+
     #[test]
     fn heads_are_sparse_when_the_whole_bound_would_not_fill_the_claim() {
         use super::{SEQUENTIAL_WINDOW as FULL, SPARSE_WINDOW as SHORT, sparse_heads};

@@ -34,6 +34,11 @@ async fn plan(
 /// topic `t` (256-byte payloads) spread over `keys` keys, and a
 /// connection to it.
 async fn backlog(keys: u32) -> PgConnection {
+    backlog_at(keys).await.1
+}
+
+/// A [`backlog`] and its database's URL.
+pub(super) async fn backlog_at(keys: u32) -> (String, PgConnection) {
     let url = mailroom_testkit::fresh_postgres_db().await;
     let store = crate::PostgresStore::connect(crate::PostgresOptions::from_url(&url).unwrap())
         .await
@@ -56,7 +61,7 @@ async fn backlog(keys: u32) -> PgConnection {
     .execute(&mut conn)
     .await
     .unwrap();
-    conn
+    (url, conn)
 }
 
 /// A [`backlog`] with statistics taken while every row is pending (an
