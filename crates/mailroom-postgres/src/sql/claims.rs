@@ -728,13 +728,61 @@ macro_rules! next_due_by_key {
     };
 }
 
+/// Sequential topics: the database's time if a head that is due lies
+/// among the first `$2` pending events of topic `$1` in claim order (the
+/// next walk's reach; the first open event of its key, nothing of its key
+/// running, not expired (`$3`)), NULL otherwise. It stops at the first
+/// such head, where [`next_due_by_key!`] looks up every key: a claim that
+/// came back short because other claims held the keys it reached (another
+/// instance's, in flight) asks for the next due time at once, and the
+/// answer is "now".
+macro_rules! due_head_in_walk {
+    ($head:expr) => {
+        concat!(
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM (
+                 SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
+                 WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
+                 ORDER BY w.topic, -w.priority, w.seq LIMIT $2) e
+               WHERE e.run_at <= now() AND ",
+            unexpired!("e", "$3"),
+            " AND ",
+            $head,
+            " AND ",
+            none_running!(),
+            ") THEN ",
+            us!("now()"),
+            " END"
+        )
+    };
+}
+pub(super) const DUE_HEAD_IN_WALK: &str = due_head_in_walk!(first_block!());
+pub(super) const DUE_HEAD_IN_WALK_SKIP_DEAD: &str = due_head_in_walk!(first_skip!());
+
 /// The earliest due time of an event a claim could take; `window` is the
-/// bound of a sequential topic's next walk (unused for other topics).
+/// bound of a sequential topic's next walk (unused for other topics). A
+/// sequential topic's is "now" when a due head lies within that walk
+/// ([`DUE_HEAD_IN_WALK`]), and looked up key by key otherwise.
 pub(crate) async fn next_due(
     pool: &PgPool,
     req: &ClaimRequest,
     window: i64,
 ) -> Result<Option<Timestamp>> {
+    if let Some(on_dead) = req.per_key {
+        let quick = match on_dead {
+            OnDead::Block => DUE_HEAD_IN_WALK,
+            OnDead::Skip => DUE_HEAD_IN_WALK_SKIP_DEAD,
+        };
+        let now: Option<i64> = sqlx::query_scalar(quick)
+            .bind(&req.topic)
+            .bind(window)
+            .bind(req.expire_after.map(micros))
+            .fetch_one(pool)
+            .await
+            .map_err(db("finding the next due event"))?;
+        if now.is_some() {
+            return opt_ts(now);
+        }
+    }
     let sql = match req.per_key {
         None => NEXT_DUE,
         Some(OnDead::Block) => next_due_by_key!(""),

@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::claims::{
-    CLAIM_ANY, CLAIM_FROM, HEADS_BY_KEY, HEADS_BY_KEY_SKIP_DEAD, KEY_LOCK_CLASS, KEYLESS, NEXT_DUE,
-    PROMOTE, SEQUENTIAL_WINDOW,
+    CLAIM_ANY, CLAIM_FROM, DUE_HEAD_IN_WALK, DUE_HEAD_IN_WALK_SKIP_DEAD, HEADS_BY_KEY,
+    HEADS_BY_KEY_SKIP_DEAD, KEY_LOCK_CLASS, KEYLESS, NEXT_DUE, PROMOTE, SEQUENTIAL_WINDOW,
 };
 use super::completions::COMPLETE_MANY;
 use super::maintenance::RESCUE;
@@ -347,6 +347,48 @@ async fn heads_by_key_probe_the_open_keys_index() {
                     && walks_by_topic(&plan, "queue_claim"),
                 "{moment}, {name}: keys and heads are not probed in queue_keys:\n{plan}"
             );
+        }
+    }
+}
+
+/// A sequential topic's quick answer to "when is the next event due?"
+/// walks the pending index in claim order and stops at the first due
+/// head: one row of a backlog of 1,000 keys (every pending event a head,
+/// none running), custom and generic plans. An aggregate over the walk
+/// would read its whole bound.
+#[tokio::test]
+async fn the_quick_next_due_stops_at_the_first_head() {
+    let mut conn = analysed_backlog(1000).await;
+    for sql in [DUE_HEAD_IN_WALK, DUE_HEAD_IN_WALK_SKIP_DEAD] {
+        for generic in [false, true] {
+            let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+            let mode = if generic {
+                "force_generic_plan"
+            } else {
+                "force_custom_plan"
+            };
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "SET LOCAL plan_cache_mode = {mode}; PREPARE q(text, int8, int8) AS {sql}"
+            )))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q('t', {SEQUENTIAL_WINDOW}, NULL)"
+            )))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+            // A `json` column; its binary form is its text.
+            let analysed: String = row.try_get_unchecked(0).unwrap();
+            sqlx::raw_sql("DEALLOCATE q")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.rollback().await.unwrap();
+            let analysed: serde_json::Value = serde_json::from_str(&analysed).unwrap();
+            let walked = sum_on(&analysed[0]["Plan"], "queue_claim", "Actual Rows");
+            assert_eq!(walked, 1, "generic {generic}: {walked} pending rows walked");
         }
     }
 }
