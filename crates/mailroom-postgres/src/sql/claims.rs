@@ -247,11 +247,13 @@ macro_rules! walk {
 /// and a sort or a hash join would test every row of the walk before the
 /// first comes out (`docs/perf/postgres.md`).
 ///
-/// No row lock: the key's lock keeps every other claim off the key's
-/// events, and step 2 ([`claim_locked!`]) re-reads each row and claims it
-/// only if it is still pending. A keyless candidate (only the outbox
-/// stores them in a sequential topic) has no key lock: another
-/// instance's claim may take it first, and step 2 then finds it running.
+/// No row lock for a keyed row: the key's lock keeps every other claim
+/// off the key's events, and step 2 ([`claim_locked!`]) re-reads each row
+/// and claims it only if it is still pending. A keyless candidate (only
+/// the outbox stores them in a sequential topic) has no key: its row is
+/// locked instead (`FOR UPDATE SKIP LOCKED`, passed over if another claim
+/// holds it), as [`KEYLESS`] locks the ones it finds, so no claim's step 2
+/// waits on a keyless row another claim holds while that one waits on it.
 ///
 /// Returns whether the bound cut the walk short of `$2` heads (more
 /// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
@@ -275,8 +277,12 @@ macro_rules! claim_candidates {
             " AND ",
             $head,
             "
-                            THEN e.key IS NULL
-                                 OR pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || e.key))
+                            THEN CASE WHEN e.key IS NULL
+                                      THEN EXISTS (SELECT 1 FROM mailroom.queue k
+                                                   WHERE k.seq = e.seq AND COALESCE(k.state, '') = 'pending'
+                                                   FOR UPDATE SKIP LOCKED)
+                                      ELSE pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || e.key))
+                                      END
                             ELSE false END
                  LIMIT $2
              )
@@ -887,6 +893,41 @@ mod tests {
         );
         tx.rollback().await.unwrap();
         held.rollback().await.unwrap();
+    }
+
+    /// A keyless candidate of the walk (the outbox can store one in a
+    /// sequential topic) has no key lock to hold: its row is locked
+    /// instead, and the keyed candidates' rows are not.
+    #[tokio::test]
+    async fn step_one_locks_the_rows_of_keyless_candidates_only() {
+        let (url, mut conn) = super::super::plans::backlog_at(1000).await;
+        let keyless: i64 = sqlx::query_scalar(
+            "WITH k AS (UPDATE mailroom.queue SET key = NULL
+                        WHERE seq = (SELECT min(seq) + 5 FROM mailroom.queue) RETURNING seq)
+             UPDATE mailroom.events e SET key = NULL FROM k WHERE e.seq = k.seq RETURNING e.seq",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let keyed = head_of_k1(&mut conn).await;
+        let mut tx = conn.begin().await.unwrap();
+        let (_, seqs, _): (bool, Vec<i64>, bool) =
+            sqlx::query_as(claim_candidates!(first_block!()))
+                .bind("t")
+                .bind(1000_i64)
+                .bind(KEY_LOCK_CLASS)
+                .bind(SEQUENTIAL_WINDOW)
+                .bind(None::<i64>)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+        assert!(seqs.contains(&keyless) && seqs.contains(&keyed));
+        assert!(
+            !unlocked(&url, keyless).await,
+            "the keyless candidate is not locked"
+        );
+        assert!(unlocked(&url, keyed).await, "a keyed candidate is locked");
+        tx.rollback().await.unwrap();
     }
 
     #[test]
