@@ -42,17 +42,11 @@ use std::time::Instant;
 /// Events inserted per preload statement.
 const PRELOAD_CHUNK: u64 = 5_000;
 
-/// Step 1, the claim; `$1` how many, `$2` the last `seq` claimed.
-const CLAIM: &str = "
-    WITH picked AS (
-        UPDATE mailroom.queue q SET state = 'running'
-        WHERE q.seq = ANY(ARRAY(
-            SELECT c.seq FROM mailroom.queue c
-            WHERE c.topic = ANY(ARRAY['floor']) AND c.state = 'pending' AND c.run_at <= now()
-              AND (c.topic, -c.priority, c.seq) > ('floor', 0, $2)
-            ORDER BY c.topic, -c.priority, c.seq LIMIT $1 FOR UPDATE SKIP LOCKED))
-        RETURNING q.seq
-    )
+/// The events of the queue rows a claim `picked`, marked running under a
+/// lease and returned whole (both claims' second half).
+macro_rules! claimed_events {
+    () => {
+        "
     UPDATE mailroom.events e
     SET status = 'running', attempts = e.attempts + 1,
         lease_until = now() + interval '30 seconds', started_at = now(),
@@ -61,13 +55,29 @@ const CLAIM: &str = "
     RETURNING e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status,
         e.correlation_id, e.causation_id, e.content_type, e.last_error,
         e.attempts, e.max_attempts, (extract(epoch FROM e.received_at) * 1000000)::int8,
-        (extract(epoch FROM e.lease_until) * 1000000)::int8, e.payload";
+        (extract(epoch FROM e.lease_until) * 1000000)::int8, e.payload"
+    };
+}
+
+/// Step 1, the claim; `$1` how many, `$2` the last `seq` claimed.
+const CLAIM: &str = concat!(
+    "WITH picked AS (
+        UPDATE mailroom.queue q SET state = 'running'
+        WHERE q.seq = ANY(ARRAY(
+            SELECT c.seq FROM mailroom.queue c
+            WHERE c.topic = ANY(ARRAY['floor']) AND c.state = 'pending' AND c.run_at <= now()
+              AND (c.topic, -c.priority, c.seq) > ('floor', 0, $2)
+            ORDER BY c.topic, -c.priority, c.seq LIMIT $1 FOR UPDATE SKIP LOCKED))
+        RETURNING q.seq
+    )",
+    claimed_events!()
+);
 
 /// Step 1 for a sequential topic: up to `$1` heads of keys, walking at
 /// most as many pending events as the engine's claims do
 /// (`SEQUENTIAL_WINDOW`, 1,024).
-const HEADS: &str = "
-    WITH picked AS (
+const HEADS: &str = concat!(
+    "WITH picked AS (
         UPDATE mailroom.queue q SET state = 'running'
         WHERE q.seq = ANY(ARRAY(
             SELECT c.seq FROM (
@@ -78,16 +88,9 @@ const HEADS: &str = "
                               WHERE p.topic = c.topic AND p.key = c.key AND p.seq < c.seq)
             LIMIT $1))
         RETURNING q.seq
-    )
-    UPDATE mailroom.events e
-    SET status = 'running', attempts = e.attempts + 1,
-        lease_until = now() + interval '30 seconds', started_at = now(),
-        worker = 'floor', next_attempt_at = NULL
-    WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))
-    RETURNING e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status,
-        e.correlation_id, e.causation_id, e.content_type, e.last_error,
-        e.attempts, e.max_attempts, (extract(epoch FROM e.received_at) * 1000000)::int8,
-        (extract(epoch FROM e.lease_until) * 1000000)::int8, e.payload";
+    )",
+    claimed_events!()
+);
 
 /// Step 2, the completion of the claimed `seq`s (`$1`); how many ended.
 const COMPLETE: &str = "

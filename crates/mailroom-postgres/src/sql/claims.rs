@@ -353,7 +353,7 @@ macro_rules! heads_by_key {
 /// locked a head's row before trying its key's lock held the rows of keys
 /// another instance's claim had taken until it committed, and that claim's
 /// step 2 waited for it (two instances draining one sequential topic
-/// together ran at a third of one's rate, and a claim waiting on another
+/// together ran at under half of one's rate, and a claim waiting on another
 /// that waited on it was ended after `deadlock_timeout`).
 macro_rules! claim_heads_by_key {
     ($dead:literal) => {
@@ -411,8 +411,8 @@ pub(crate) const SPARSE_WINDOW: i64 = 64;
 /// updated where they are found, with the rule as the update's condition;
 /// repeating the claim's conditions here invites a walk of the pending
 /// index (`docs/perf/postgres.md`). A row that another transaction
-/// changes meanwhile (an operator's cancel, another instance's claim of a
-/// keyless event) is waited for and tested again on its new version.
+/// changes meanwhile (an operator's cancel) is waited for and tested again
+/// on its new version.
 /// "No earlier open event" is tested again because an event stored with
 /// an earlier `seq` may have become visible since step 1 (another
 /// instance's insert that committed late): without it, two instances
@@ -539,8 +539,8 @@ pub(crate) async fn claim_from(
 /// lock until it commits, so two running events of one key can never
 /// coexist, across any number of connections and instances. Completions,
 /// replays and rescues only make a key less busy and need no lock. Keyless
-/// events are independent: step 2 claims them only while pending, and
-/// waits for a concurrent claim of one. A hash collision between two keys
+/// events are independent and rely on their row locks (`FOR UPDATE SKIP
+/// LOCKED`, in the walk and in [`KEYLESS`]) alone. A hash collision between two keys
 /// only makes one claim skip a key for a moment.
 ///
 /// `window` bounds the walk ([`SEQUENTIAL_WINDOW`] or [`SPARSE_WINDOW`]);
@@ -832,6 +832,22 @@ mod tests {
             .unwrap()
     }
 
+    /// Step 1's walk (`on_dead = block`) for up to 1,000 heads of topic
+    /// `t` in `tx`: the candidates' `seq`s.
+    async fn walk_in(tx: &mut sqlx::PgTransaction<'_>) -> Vec<i64> {
+        let (_, seqs, _): (bool, Vec<i64>, bool) =
+            sqlx::query_as(claim_candidates!(first_block!()))
+                .bind("t")
+                .bind(1000_i64)
+                .bind(KEY_LOCK_CLASS)
+                .bind(SEQUENTIAL_WINDOW)
+                .bind(None::<i64>)
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap();
+        seqs
+    }
+
     /// Whether a third session can lock queue row `seq` at once.
     async fn unlocked(url: &str, seq: i64) -> bool {
         let mut conn = PgConnection::connect(url).await.unwrap();
@@ -860,17 +876,8 @@ mod tests {
             .unwrap();
 
         let mut claimer = PgConnection::connect(&url).await.unwrap();
-        let walk = claim_candidates!(first_block!());
         let mut tx = claimer.begin().await.unwrap();
-        let (_, seqs, _): (bool, Vec<i64>, bool) = sqlx::query_as(walk)
-            .bind("t")
-            .bind(1000_i64)
-            .bind(KEY_LOCK_CLASS)
-            .bind(SEQUENTIAL_WINDOW)
-            .bind(None::<i64>)
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let seqs = walk_in(&mut tx).await;
         assert!(!seqs.contains(&head) && !seqs.is_empty());
         assert!(unlocked(&url, head).await, "the walk locked k1's head");
         tx.rollback().await.unwrap();
@@ -911,16 +918,7 @@ mod tests {
         .unwrap();
         let keyed = head_of_k1(&mut conn).await;
         let mut tx = conn.begin().await.unwrap();
-        let (_, seqs, _): (bool, Vec<i64>, bool) =
-            sqlx::query_as(claim_candidates!(first_block!()))
-                .bind("t")
-                .bind(1000_i64)
-                .bind(KEY_LOCK_CLASS)
-                .bind(SEQUENTIAL_WINDOW)
-                .bind(None::<i64>)
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
+        let seqs = walk_in(&mut tx).await;
         assert!(seqs.contains(&keyless) && seqs.contains(&keyed));
         assert!(
             !unlocked(&url, keyless).await,
