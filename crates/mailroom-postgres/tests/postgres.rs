@@ -465,12 +465,7 @@ async fn a_connection_whose_session_ended_is_replaced_unseen() {
     store.insert(event("orders", "after", None)).await.unwrap();
     let claimed = store.claim(&claim_req("orders", 10, None)).await.unwrap();
     assert_eq!(claimed.len(), 2);
-    for c in claimed {
-        store
-            .complete(c.event.id, c.token, mailroom_core::Completion::Done)
-            .await
-            .unwrap();
-    }
+    complete_all(&store, claimed).await;
 }
 
 /// A claim takes a connection used a moment ago without the pool's ping
@@ -511,12 +506,17 @@ async fn claim_and_complete(store: &PostgresStore, n: usize) {
         let claimed = store.claim(&claim_req("orders", 32, None)).await.unwrap();
         assert!(!claimed.is_empty());
         left -= claimed.len();
-        for c in claimed {
-            store
-                .complete(c.event.id, c.token, mailroom_core::Completion::Done)
-                .await
-                .unwrap();
-        }
+        complete_all(store, claimed).await;
+    }
+}
+
+/// Records every one of `claimed` done, each succeeding.
+async fn complete_all(store: &PostgresStore, claimed: Vec<mailroom_core::Claimed>) {
+    for c in claimed {
+        store
+            .complete(c.event.id, c.token, mailroom_core::Completion::Done)
+            .await
+            .unwrap();
     }
 }
 
