@@ -56,9 +56,10 @@ struct Inner {
     vacuum: Arc<QueueVacuum>,
     /// Sequential topics whose last claim found heads sparse among the
     /// pending events (`sql::sparse_heads`), with when a claim last looked
-    /// for keyless events past the bound: their next claim walks [`sql::SPARSE_WINDOW`] pending events, not
-    /// [`sql::SEQUENTIAL_WINDOW`], before looking up heads key by key, and
-    /// keyless events once [`RESCAN`] has passed.
+    /// for keyless events past the bound: their next claim walks
+    /// [`sql::SPARSE_WINDOW`] pending events, not [`sql::SEQUENTIAL_WINDOW`],
+    /// before looking up heads key by key, and keyless events once
+    /// [`RESCAN`] has passed.
     sparse: Mutex<HashMap<String, Instant>>,
     /// One limited claim per topic at a time in this process, so waiting
     /// for the topic's locks (`max_running`'s advisory lock, the rate

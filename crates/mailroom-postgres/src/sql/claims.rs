@@ -217,14 +217,18 @@ macro_rules! pending_by_seq {
     };
 }
 
-/// The walk of a sequential claim ([`claim_candidates!`]): the first `$4`
-/// pending rows of topic `$1` in claim order, read as far as the rows
-/// above it ask.
+/// The walk of a sequential claim ([`claim_candidates!`]): the first
+/// `$limit` pending rows of topic `$1` in claim order, read as far as the
+/// rows above it ask. The next due time looks at what the next walk
+/// reaches through it too ([`DUE_HEAD_IN_WALK`], [`next_due_by_key!`]).
 macro_rules! walk {
-    () => {
-        "SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
-         WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
-         ORDER BY w.topic, -w.priority, w.seq LIMIT $4"
+    ($limit:literal) => {
+        concat!(
+            "SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
+             WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
+             ORDER BY w.topic, -w.priority, w.seq LIMIT ",
+            $limit
+        )
     };
 }
 
@@ -270,7 +274,7 @@ macro_rules! claim_candidates {
             " RETURNING s.seq
              ), candidates AS MATERIALIZED (
                  SELECT e.seq FROM (",
-            walk!(),
+            walk!("$4"),
             ") e
                  WHERE CASE WHEN e.run_at <= now() AND ",
             unexpired!("e", "$5"),
@@ -288,7 +292,7 @@ macro_rules! claim_candidates {
              )
              SELECT CASE WHEN cardinality(l.seqs) < $2
                          THEN (SELECT count(*) FROM (",
-            walk!(),
+            walk!("$4"),
             ") n) >= $4
                          ELSE false END,
                     l.seqs,
@@ -730,10 +734,9 @@ macro_rules! next_due_by_key {
             unexpired!("heads", "$3"),
             "
                  UNION ALL
-                 SELECT w.run_at FROM (
-                     SELECT c.key, c.run_at, c.ready_at FROM mailroom.queue c
-                     WHERE c.topic = ANY(ARRAY[$1::text]) AND c.state = 'pending'
-                     ORDER BY c.topic, -c.priority, c.seq LIMIT $2) w
+                 SELECT w.run_at FROM (",
+            walk!("$2"),
+            ") w
                  WHERE w.key IS NULL AND ",
             unexpired!("w", "$3"),
             "
@@ -757,10 +760,9 @@ macro_rules! next_due_by_key {
 macro_rules! due_head_in_walk {
     ($head:expr) => {
         concat!(
-            "SELECT CASE WHEN EXISTS (SELECT 1 FROM (
-                 SELECT w.seq, w.topic, w.key, w.run_at, w.ready_at FROM mailroom.queue w
-                 WHERE w.topic = ANY(ARRAY[$1::text]) AND w.state = 'pending'
-                 ORDER BY w.topic, -w.priority, w.seq LIMIT $2) e
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM (",
+            walk!("$2"),
+            ") e
                WHERE e.run_at <= now() AND ",
             unexpired!("e", "$3"),
             " AND ",
