@@ -188,6 +188,9 @@ impl AmqpConnection {
             Some(Err(e)) => Err(e),
             None => Ok(()),
         };
+        // Down from the moment the loss is known, not after the wind-down
+        // below, which may wait for its bounds (`STOP_GRACE`, `CLOSE_GRACE`).
+        self.status.set(false);
         stop.cancel();
         // Each consumer stops within its own bound (`source::STOP_GRACE`).
         while consumers.join_next().await.is_some() {}
