@@ -178,5 +178,6 @@ if $run_faults && ((${#scope[@]})); then
   ((rc != 0)) || rc=$faults_rc
 fi
 
+mr_log "disk: $(df -h --output=avail . | tail -n1 | tr -d ' ') free where the build is"
 if ((rc == 0)); then section "tests passed"; else section "tests FAILED (exit $rc)"; fi
 exit "$rc"
