@@ -606,6 +606,18 @@ const MIGRATIONS: &[&str] = &[
         RETURN NULL;
     END $$;
     "#,
+    // 14: `queue_keys` leaves out running rows. A claim (pending to
+    // running) then adds no entry to it, and a completion (which deletes a
+    // running row) leaves no dead entry in it: the head probes of
+    // sequential claims step over one dead entry per finished event of
+    // their key instead of two. A running event of the key is found by
+    // `queue_running`, which every head test probes anyway
+    // (docs/perf/postgres.md, "Heads").
+    r#"
+    DROP INDEX mailroom.queue_keys;
+    CREATE INDEX queue_keys ON mailroom.queue (topic, key, seq)
+        WHERE key IS NOT NULL AND state <> 'running';
+    "#,
 ];
 
 /// Applies the missing migrations in one transaction that first takes
@@ -933,5 +945,69 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(dead, 0, "the replayed dead event left the dead letters");
+    }
+
+    /// Migration 14 rebuilds `queue_keys` without running rows: events of
+    /// a key claimed under schema 13 (one running, one dead under
+    /// `on_dead = block`, one pending behind each) keep their key's order
+    /// and the blocked-key count after it, and the index holds the open
+    /// events that do not run, and only those.
+    #[tokio::test]
+    async fn queue_keys_without_running_rows_keeps_keys_claimed_before_it() {
+        use mailroom_core::Completion;
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let pool = PgPool::connect(&url).await.unwrap();
+        migrate_to(&pool, 13).await.unwrap();
+        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        for (dedup, key) in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("b2", "b")] {
+            let e = mailroom_conformance::event("t", dedup, Some(key));
+            store.insert(e).await.unwrap();
+        }
+        let req = ClaimRequest {
+            topic: "t".into(),
+            worker: "w".into(),
+            max: 10,
+            lease: Duration::from_secs(30),
+            per_key: Some(OnDead::Block),
+            max_wait_for_priority: None,
+            expire_after: None,
+        };
+        let claimed = |c: &[mailroom_core::Claimed]| -> Vec<String> {
+            c.iter().map(|c| c.event.dedup_key.clone()).collect()
+        };
+        let heads = store.claim(&req).await.unwrap();
+        assert_eq!(claimed(&heads), ["a1", "b1"]);
+        let dead = Completion::Dead {
+            error: "boom".into(),
+        };
+        store
+            .complete(heads[1].event.id, heads[1].token, dead)
+            .await
+            .unwrap();
+
+        store.migrate().await.unwrap();
+        let indexed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_indexes
+             WHERE indexname = 'queue_keys' AND indexdef LIKE '%state <> %running%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(indexed, 1, "queue_keys leaves out running rows");
+        assert!(
+            store.claim(&req).await.unwrap().is_empty(),
+            "a1 runs and b1's dead head blocks b"
+        );
+        assert_eq!(store.stats().await.unwrap()[0].blocked_keys, 1);
+        store
+            .complete(heads[0].event.id, heads[0].token, Completion::Done)
+            .await
+            .unwrap();
+        assert_eq!(claimed(&store.claim(&req).await.unwrap()), ["a2"]);
+        store.skip(heads[1].event.id).await.unwrap();
+        assert_eq!(store.stats().await.unwrap()[0].blocked_keys, 0);
+        assert_eq!(claimed(&store.claim(&req).await.unwrap()), ["b2"]);
     }
 }

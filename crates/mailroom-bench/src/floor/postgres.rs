@@ -75,7 +75,9 @@ const CLAIM: &str = concat!(
 
 /// Step 1 for a sequential topic: up to `$1` heads of keys, walking at
 /// most as many pending events as the engine's claims do
-/// (`SEQUENTIAL_WINDOW`, 1,024).
+/// (`SEQUENTIAL_WINDOW`, 1,024). A head: no earlier open event of its key
+/// that is not running (`queue_keys`, which holds no running row) and
+/// nothing of its key running (`queue_running`).
 const HEADS: &str = concat!(
     "WITH picked AS (
         UPDATE mailroom.queue q SET state = 'running'
@@ -85,7 +87,10 @@ const HEADS: &str = concat!(
                 WHERE w.topic = ANY(ARRAY['floor']) AND w.state = 'pending' AND w.run_at <= now()
                 ORDER BY w.topic, -w.priority, w.seq LIMIT 1024) c
             WHERE NOT EXISTS (SELECT 1 FROM mailroom.queue p
-                              WHERE p.topic = c.topic AND p.key = c.key AND p.seq < c.seq)
+                              WHERE p.topic = c.topic AND p.key = c.key AND p.key IS NOT NULL
+                                AND p.state <> 'running' AND p.seq < c.seq)
+              AND NOT EXISTS (SELECT 1 FROM mailroom.queue r
+                              WHERE r.topic = c.topic AND r.key = c.key AND r.state = 'running')
             LIMIT $1))
         RETURNING q.seq
     )",

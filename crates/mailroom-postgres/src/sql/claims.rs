@@ -23,18 +23,17 @@ macro_rules! none_running {
     };
 }
 
-/// Step 1's part of the head rule ([`claim_candidates!`]): no earlier open
-/// event of its key, the `queue_keys` probe alone. An event of the key
-/// that runs is open, and earlier than the candidate but for a replayed or
-/// rescued event behind a later one that runs; step 2 tests that nothing
-/// of the key runs ([`none_running!`]) anyway, so step 1 leaves that rare
-/// case to it and spends one probe per candidate instead of two.
+/// The first half of the head rule: no earlier open event of its key that
+/// is not running (pending, scheduled, or dead under `on_dead = block`),
+/// one probe of `queue_keys`, which holds no running row (migration 14).
+/// Every head test pairs it with [`none_running!`], which covers the
+/// running ones, whatever their `seq`.
 macro_rules! first_of_key {
     ($blocking:literal) => {
         concat!(
             "(e.key IS NULL OR NOT EXISTS (SELECT 1 FROM mailroom.queue p
                  WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
-                   AND p.seq < e.seq ",
+                   AND p.state <> 'running' AND p.seq < e.seq ",
             $blocking,
             "))"
         )
@@ -280,6 +279,8 @@ macro_rules! claim_candidates {
             unexpired!("e", "$5"),
             " AND ",
             $head,
+            " AND ",
+            none_running!(),
             "
                             THEN CASE WHEN e.key IS NULL
                                       THEN EXISTS (SELECT 1 FROM mailroom.queue k
@@ -302,10 +303,12 @@ macro_rules! claim_candidates {
     };
 }
 
-/// The keys of a sequential topic that have open events, in key order, one
-/// index probe each (a "skip scan" of `queue_keys`), and each key's head:
-/// its first open event (pending, running or dead; `$dead` drops dead ones
-/// for `OnDead::Skip`), kept if it is pending and nothing of its key runs.
+/// The keys of a sequential topic that have open events other than
+/// running ones, in key order, one index probe each (a "skip scan" of
+/// `queue_keys`), and each key's head: its first such event (pending,
+/// scheduled or dead; `$dead` drops dead ones for `OnDead::Skip`), kept if
+/// it is pending and nothing of its key runs (a key whose only open event
+/// runs has no head to claim).
 /// Columns `seq`, `key`, `run_at`. `$1` topic; `$keys` the most keys
 /// visited, so a topic with very many keys costs a bounded walk (keys past
 /// it are reached once earlier ones have no open events).
@@ -319,13 +322,14 @@ macro_rules! heads_by_key {
             "WITH RECURSIVE keys (key, n) AS (
                  (SELECT k.key, 1 FROM mailroom.queue k
                   WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key IS NOT NULL
+                    AND k.state <> 'running'
                   ORDER BY k.topic, k.key LIMIT 1)
                  UNION ALL
                  SELECT next.key, keys.n + 1
                  FROM keys CROSS JOIN LATERAL (
                      SELECT k.key FROM mailroom.queue k
                      WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key > keys.key
-                       AND k.key IS NOT NULL
+                       AND k.key IS NOT NULL AND k.state <> 'running'
                      ORDER BY k.topic, k.key LIMIT 1) next
                  WHERE keys.n < ",
             $keys,
@@ -335,6 +339,7 @@ macro_rules! heads_by_key {
                  FROM keys CROSS JOIN LATERAL (
                      SELECT f.seq, f.key, f.state, f.run_at, f.ready_at FROM mailroom.queue f
                      WHERE f.topic = ANY(ARRAY[$1::text]) AND f.key IS NOT NULL
+                       AND f.state <> 'running'
                        AND f.key >= keys.key AND f.key <= keys.key ",
             $dead,
             "

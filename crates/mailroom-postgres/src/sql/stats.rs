@@ -178,14 +178,18 @@ async fn oldest_pending(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>
 }
 
 /// Sets each topic's blocked keys: those whose head (earliest open event)
-/// is dead.
+/// is dead. The earlier open events are looked for in `queue_keys`, which
+/// holds no running row, and in `queue_running`.
 async fn blocked_keys(tx: &mut Tx, by_topic: &mut BTreeMap<String, TopicStats>) -> Result<()> {
     let rows = sqlx::query(
         "SELECT e.topic, count(DISTINCT e.key) FROM mailroom.queue e
          WHERE e.state = 'dead' AND e.key IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM mailroom.queue p
                WHERE p.topic = e.topic AND p.key = e.key AND p.key IS NOT NULL
-                 AND p.seq < e.seq)
+                 AND p.state <> 'running' AND p.seq < e.seq)
+           AND NOT EXISTS (SELECT 1 FROM mailroom.queue r
+               WHERE r.topic = e.topic AND r.key = e.key AND r.state = 'running'
+                 AND r.seq < e.seq)
          GROUP BY e.topic",
     )
     .fetch_all(&mut **tx)
