@@ -13,9 +13,10 @@ use sqlx::{PgPool, Postgres, Transaction};
 pub(super) const KEY_LOCK_CLASS: i32 = 0x6d72_6b79; // "mrky"
 
 /// The other half of the head rule: no event of the key of queue row `e`
-/// runs, one probe of `queue_running`. Step 2 ([`claim_locked!`]) reads it
-/// on a snapshot taken after the key's lock was granted, so it sees every
-/// claim of the key that committed ([`claim_heads`]).
+/// runs, one probe of `queue_running`. Step 1 tests it to pick candidates;
+/// step 2 ([`claim_locked!`]) tests it again on a snapshot taken after the
+/// key's lock was granted, so it sees every claim of the key that
+/// committed ([`claim_heads`]).
 macro_rules! none_running {
     () => {
         "(e.key IS NULL OR NOT EXISTS (SELECT 1 FROM mailroom.queue r
@@ -239,8 +240,9 @@ macro_rules! walk {
 /// in claim order: with a few keys and deep backlogs almost every pending
 /// event waits behind its key's head, and an unbounded walk would test
 /// them all on every claim. Its rows are tested as they come: due, not
-/// expired and first open event of their key ([`first_of_key!`]) on the
-/// walk's copy, and then the key's lock is tried
+/// expired, first open event of their key that does not run
+/// ([`first_of_key!`]) and nothing of their key running
+/// ([`none_running!`]) on the walk's copy, and then the key's lock is tried
 /// (`pg_try_advisory_xact_lock`, not waited for: a key another claim
 /// holds is passed over), until `$2` are taken. The `CASE` tries the lock
 /// only for a row that passed the tests, so a claim holds the locks of
