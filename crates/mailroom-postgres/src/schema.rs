@@ -737,6 +737,18 @@ mod tests {
         EventId::parse_stored(&id).unwrap()
     }
 
+    /// A fresh database migrated up to `version`, and a store on it (which
+    /// migrates no further until asked).
+    async fn at_schema(version: usize) -> (PgPool, PostgresStore) {
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let pool = PgPool::connect(&url).await.unwrap();
+        migrate_to(&pool, version).await.unwrap();
+        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        (pool, store)
+    }
+
     /// A database filled by the schema before the queue table (events in
     /// every status, history, dedup keys) is migrated: every event and
     /// attempt is intact, duplicates of keys stored before are still
@@ -744,9 +756,7 @@ mod tests {
     /// rescued and blocked as before.
     #[tokio::test]
     async fn the_queue_migration_carries_events_history_and_dedup_keys_forward() {
-        let url = mailroom_testkit::fresh_postgres_db().await;
-        let pool = PgPool::connect(&url).await.unwrap();
-        migrate_to(&pool, 6).await.unwrap();
+        let (pool, store) = at_schema(6).await;
         sqlx::raw_sql(SCHEMA_6_EVENTS).execute(&pool).await.unwrap();
         let (events, attempts) = (
             rows(&pool, "mailroom.events").await,
@@ -754,9 +764,6 @@ mod tests {
         );
         assert_eq!((events.len(), attempts.len()), (7, 6));
 
-        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
-            .await
-            .unwrap();
         store.migrate().await.unwrap();
         let mut after = rows(&pool, "mailroom.events").await;
         // Columns of later migrations start NULL (9: traceparent) or at
@@ -810,13 +817,8 @@ mod tests {
     /// to stats, dead letters, blocked keys and traffic that count them.
     #[tokio::test]
     async fn the_counters_migration_counts_the_events_already_stored() {
-        let url = mailroom_testkit::fresh_postgres_db().await;
-        let pool = PgPool::connect(&url).await.unwrap();
-        migrate_to(&pool, 6).await.unwrap();
+        let (pool, store) = at_schema(6).await;
         sqlx::raw_sql(SCHEMA_6_EVENTS).execute(&pool).await.unwrap();
-        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
-            .await
-            .unwrap();
         store.migrate().await.unwrap();
         let stats = store.stats().await.unwrap();
         assert_eq!(stats.len(), 1);
@@ -890,12 +892,7 @@ mod tests {
     #[tokio::test]
     async fn the_cheaper_counter_trigger_keeps_counting_events_claimed_before_it() {
         use mailroom_core::Completion;
-        let url = mailroom_testkit::fresh_postgres_db().await;
-        let pool = PgPool::connect(&url).await.unwrap();
-        migrate_to(&pool, 12).await.unwrap();
-        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
-            .await
-            .unwrap();
+        let (pool, store) = at_schema(12).await;
         for i in 0..8 {
             let e = mailroom_conformance::event("t", &format!("e{i}"), None);
             store.insert(e).await.unwrap();
@@ -955,12 +952,7 @@ mod tests {
     #[tokio::test]
     async fn queue_keys_without_running_rows_keeps_keys_claimed_before_it() {
         use mailroom_core::Completion;
-        let url = mailroom_testkit::fresh_postgres_db().await;
-        let pool = PgPool::connect(&url).await.unwrap();
-        migrate_to(&pool, 13).await.unwrap();
-        let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
-            .await
-            .unwrap();
+        let (pool, store) = at_schema(13).await;
         for (dedup, key) in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("b2", "b")] {
             let e = mailroom_conformance::event("t", dedup, Some(key));
             store.insert(e).await.unwrap();
