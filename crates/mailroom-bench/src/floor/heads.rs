@@ -7,9 +7,9 @@
 //! floors of both ([`super::postgres`]): keyless events claimed
 //! `--concurrency` at a time, and events spread round-robin over `--keys`
 //! keys claimed as many heads at a time. The floors' ratio is the cost of
-//! the per-key rule itself (one index probe per candidate, and the queue
-//! row's entry in the key index); the engine's ratio beside it is what
-//! this engine pays.
+//! the per-key rule itself (two index probes per candidate: `queue_keys`
+//! for an earlier event that does not run, `queue_running` for one that
+//! does); the engine's ratio beside it is what this engine pays.
 
 use super::FloorResult;
 use crate::backend::Backend;

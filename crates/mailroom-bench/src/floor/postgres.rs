@@ -25,8 +25,9 @@
 //! spread round-robin over keys, and each claim takes only heads of keys
 //! ([`HEADS`]): the pending events in claim order, up to the engine's walk
 //! bound, of which no earlier event of the key is still in the queue
-//! (pending, or running: claimed and not yet completed). One index probe
-//! per candidate, one statement, no row lock, no key lock and no second
+//! (pending, or running: claimed and not yet completed). Two index probes
+//! per candidate (`queue_keys` holds no running row, `queue_running` finds
+//! those), one statement, no row lock, no key lock and no second
 //! look after the locks: what a lone claimer needs, less than a correct
 //! claim beside other claimers can do.
 
