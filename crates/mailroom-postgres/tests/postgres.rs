@@ -586,14 +586,15 @@ async fn one_instance_leads_at_a_time() {
     assert!(!a.try_lead("maintenance", "a", ttl).await.unwrap());
 }
 
-/// The race the per-key lock closes, made deterministic: while another
-/// connection's claim of a key's head (A2) is still uncommitted, an earlier
-/// event of the key (A1) is replayed. On this claim's snapshot A2 still looks
-/// pending and A1 looks like the head, so without the lock it would start A1
-/// while A2 runs. Holding the key's claim lock, as every claim does, makes
-/// this claim pass the key over instead.
+/// The race the topic's claim lock closes, made deterministic: while
+/// another connection's claim of a key's head (A2) is still uncommitted, an
+/// earlier event of the key (A1) is replayed. On a snapshot taken then, A2
+/// still looks pending and A1 looks like the head, so a claim would start
+/// A1 while A2 runs. Holding the topic's claim lock, as every claim of a
+/// sequential topic does, makes this claim wait for that one to commit and
+/// then see A2 running: A1 waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_in_flight_on_another_connection_holds_its_key() {
+async fn a_claim_in_flight_on_another_connection_holds_its_topic() {
     let (url, store) = fresh(true).await;
     let a1 = store
         .insert(event("seq", "a1", Some("A")))
@@ -613,11 +614,11 @@ async fn a_claim_in_flight_on_another_connection_holds_its_key() {
         .unwrap();
 
     // Another instance's claim of A2, caught between its UPDATE and COMMIT:
-    // the key lock (class "mrky", hashtext(topic || chr(31) || key)) and the
-    // row change, both uncommitted.
+    // the topic's claim lock (class "mrct", hashtext(topic)) and the row
+    // change, both uncommitted.
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock(1836215161, hashtext('seq' || chr(31) || 'A'))")
+    sqlx::query("SELECT pg_advisory_xact_lock(1836213108, hashtext('seq'))")
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -636,13 +637,19 @@ async fn a_claim_in_flight_on_another_connection_holds_its_key() {
     }
 
     store.replay(a1, 1).await.unwrap();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        let r = r.clone();
+        async move { store.claim(&r).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        store.claim(&r).await.unwrap().is_empty(),
-        "key A is being claimed elsewhere"
+        !claim.is_finished(),
+        "the claim did not wait for the one in flight"
     );
     tx.commit().await.unwrap();
     assert!(
-        store.claim(&r).await.unwrap().is_empty(),
+        claim.await.unwrap().unwrap().is_empty(),
         "A2 runs, so A1 waits"
     );
     let running = ListFilter {

@@ -1,6 +1,6 @@
 //! Claims: moving due pending events to `running` under a lease, for
 //! independent topics (one statement) and sequential ones (heads of keys,
-//! under per-key advisory locks), and the next time a claim could succeed.
+//! under the topic's claim lock), and the next time a claim could succeed.
 
 use super::{EVENT_COLS, col, db, event_from_row, micros, opt_ts};
 use jiff::Timestamp;
@@ -8,15 +8,29 @@ use mailroom_core::{ClaimRequest, Claimed, FencingToken, OnDead, Result, StoreEr
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Postgres, Transaction};
 
-/// Advisory-lock class (first half of the two-key form) of the per-key claim
-/// locks, so they never meet the migration lock or an application's locks.
-pub(super) const KEY_LOCK_CLASS: i32 = 0x6d72_6b79; // "mrky"
+/// Advisory-lock class (first half of the two-key form) of a sequential
+/// topic's claim lock, the second half `hashtext(topic)` ([`LOCK_TOPIC`]),
+/// so it never meets the migration lock, `max_running`'s lock or an
+/// application's locks.
+pub(super) const CLAIM_LOCK_CLASS: i32 = 0x6d72_6374; // "mrct"
+
+/// How long a claim's transaction may sit idle holding its topic's claim
+/// lock before PostgreSQL ends its session (`idle_in_transaction_session_timeout`,
+/// for that transaction only): an instance stopped mid-claim (paused,
+/// cut off) would otherwise stop every instance's claims of the topic
+/// until its connection died. A claim is never idle that long: its
+/// statements follow each other at once.
+pub(super) const CLAIM_IDLE_LIMIT: &str = "10s";
+
+/// Takes sequential topic `$2`'s claim lock (class `$1`), waiting for a
+/// claim of the topic in flight elsewhere to commit, and bounds the
+/// transaction's idle time (`$3`, [`CLAIM_IDLE_LIMIT`]). See [`claim_heads`].
+pub(super) const LOCK_TOPIC: &str =
+    "SELECT set_config('idle_in_transaction_session_timeout', $3, true),
+            pg_advisory_xact_lock($1, hashtext($2))";
 
 /// The other half of the head rule: no event of the key of queue row `e`
-/// runs, one probe of `queue_running`. Step 1 tests it to pick candidates;
-/// step 2 ([`claim_locked!`]) tests it again on a snapshot taken after the
-/// key's lock was granted, so it sees every claim of the key that
-/// committed ([`claim_heads`]).
+/// runs, one probe of `queue_running`.
 macro_rules! none_running {
     () => {
         "(e.key IS NULL OR NOT EXISTS (SELECT 1 FROM mailroom.queue r
@@ -56,8 +70,8 @@ macro_rules! first_skip {
 /// Scheduled rows are not in `queue_claim`, so a backlog of events
 /// delivered later costs claims nothing. (Claims of independent events
 /// take due scheduled rows directly, [`CLAIM_ANY`].) A claim runs it in
-/// its step 1 ([`claim_candidates!`]), whose walk does not see the rows it
-/// moves; a claim that moved any runs step 1 again, which does.
+/// its first statement ([`claim_walk!`]), whose walk does not see the rows
+/// it moves; a claim that moved any runs that statement again, which does.
 macro_rules! promote {
     () => {
         "UPDATE mailroom.queue s SET state = 'pending'
@@ -87,42 +101,94 @@ macro_rules! unexpired {
 }
 
 /// Moves the queue rows whose `seq` the selection yields to `running`
-/// ([`claim_rows!`]). `= ANY(ARRAY(selection))`, not `IN (selection)`, so
+/// ([`claim_rows!`], lease `$1`, worker `$2`). `= ANY(ARRAY(selection))`, not `IN (selection)`, so
 /// the selection runs once and the rows are fetched through the primary
 /// keys, in generic plans too (`docs/perf/postgres.md`).
 macro_rules! claim_update {
     ($selection:expr) => {
-        claim_rows!(concat!(
-            "UPDATE mailroom.queue q SET state = 'running'
+        claim_rows!(
+            concat!(
+                "UPDATE mailroom.queue q SET state = 'running'
              WHERE q.seq = ANY(ARRAY(",
-            $selection,
-            ")) RETURNING q.seq, q.priority"
-        ))
+                $selection,
+                ")) RETURNING q.seq, q.priority"
+            ),
+            "$1",
+            "$2"
+        )
     };
 }
 
 /// Claims the queue rows that `$picked` (an `UPDATE` of `mailroom.queue`
 /// to `running`, returning `seq` and `priority`) moved, and their events
 /// with them (status, attempt count — the new fencing token —, lease,
-/// worker): the event's update is HOT (`schema.rs`, migration 7). `$1`
-/// lease (µs), `$2` worker; the selection's own parameters follow.
-/// Returns the events' columns and each row's priority.
+/// worker): the event's update is HOT (`schema.rs`, migration 7). `$lease`
+/// is the lease's parameter (µs), `$worker` the worker's.
+/// Returns the events' columns and each row's priority ([`claimed!`]).
 macro_rules! claim_rows {
-    ($picked:expr) => {
+    ($picked:expr, $lease:literal, $worker:literal) => {
         concat!(
-            "WITH picked AS (",
+            "WITH ",
+            claim_ctes!($picked, $lease, $worker),
+            " ",
+            claimed!()
+        )
+    };
+}
+
+/// The two CTEs of [`claim_rows!`], `picked` and `claimed`, for a
+/// statement with CTEs of its own before them.
+macro_rules! claim_ctes {
+    ($picked:expr, $lease:literal, $worker:literal) => {
+        concat!(
+            "picked AS (",
             $picked,
             "), claimed AS (
                  UPDATE mailroom.events e
                  SET status = 'running', attempts = e.attempts + 1,
-                     lease_until = now() + $1 * interval '1 microsecond',
-                     started_at = now(), worker = $2, next_attempt_at = NULL
+                     lease_until = now() + ",
+            $lease,
+            " * interval '1 microsecond',
+                     started_at = now(), worker = ",
+            $worker,
+            ", next_attempt_at = NULL
                  WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))
                  RETURNING e.*
-             )
-             SELECT ",
+             )"
+        )
+    };
+}
+
+/// What [`claim_ctes!`] claimed: the events' columns, then each row's
+/// priority.
+macro_rules! claimed {
+    () => {
+        concat!(
+            "SELECT ",
             event_cols!(),
             ", p.priority FROM claimed e JOIN picked p ON p.seq = e.seq"
+        )
+    };
+}
+
+/// Claims the queue rows of topic `$1` whose `seq` the selection yields,
+/// if they are still pending (a row an operator's cancel changed meanwhile
+/// is waited for and tested again on its new version), with their events
+/// ([`claim_ctes!`]; lease `$lease`, worker `$worker`). Sequential claims
+/// run under the topic's claim lock ([`claim_heads`]): no row lock.
+macro_rules! claim_heads_in {
+    ($selection:expr, $lease:literal, $worker:literal) => {
+        claim_ctes!(
+            concat!(
+                "UPDATE mailroom.queue e SET state = 'running'
+                 WHERE e.seq = ANY(ARRAY(",
+                $selection,
+                ")) AND ",
+                pending_by_seq!(),
+                " RETURNING e.seq, e.priority"
+            ),
+            $lease,
+            $worker
         )
     };
 }
@@ -205,8 +271,8 @@ pub(super) const CLAIM_FROM: &str = claim_update!(concat!(
 ));
 
 /// "Row `e` is pending", for rows found by `seq`: checked again on the
-/// newest version when `FOR UPDATE` waited for or skipped a concurrent
-/// claim. Spelled so that it does not match `queue_claim`'s predicate
+/// newest version when the claim's update waited for a concurrent change
+/// of the row (an operator's cancel). Spelled so that it does not match `queue_claim`'s predicate
 /// (`state = 'pending'`): with that, the planner could fetch the rows by
 /// `seq` through `queue_claim`, whose `seq` is its last column, walking
 /// the topic's whole index once per row (630 ms for 1,024 rows of a
@@ -217,7 +283,7 @@ macro_rules! pending_by_seq {
     };
 }
 
-/// The walk of a sequential claim ([`claim_candidates!`]): the first
+/// The walk of a sequential claim ([`claim_walk!`]): the first
 /// `$limit` pending rows of topic `$1` in claim order, read as far as the
 /// rows above it ask. The next due time looks at what the next walk
 /// reaches through it too ([`DUE_HEAD_IN_WALK`], [`next_due_by_key!`]).
@@ -232,42 +298,33 @@ macro_rules! walk {
     };
 }
 
-/// Sequential topics, step 1: the candidate heads (on this statement's
-/// snapshot), each of whose key we now hold. `$1` topic, `$2` max, `$3`
-/// lock class, `$4` window, `$5` expiry (µs or NULL).
+/// Sequential topics: claims the heads of keys among the first `$3`
+/// pending rows of topic `$1` in claim order, at most `$2`, under the
+/// topic's claim lock ([`claim_heads`]). `$4` expiry (µs or NULL), `$5`
+/// lease (µs), `$6` worker.
 ///
-/// The walk ([`walk!`]) reads the topic's first `$4` pending rows at most,
+/// The walk ([`walk!`]) reads the topic's first `$3` pending rows at most,
 /// in claim order: with a few keys and deep backlogs almost every pending
 /// event waits behind its key's head, and an unbounded walk would test
 /// them all on every claim. Its rows are tested as they come: due, not
 /// expired, first open event of their key that does not run
 /// ([`first_of_key!`]) and nothing of their key running
-/// ([`none_running!`]) on the walk's copy, and then the key's lock is tried
-/// (`pg_try_advisory_xact_lock`, not waited for: a key another claim
-/// holds is passed over), until `$2` are taken. The `CASE` tries the lock
-/// only for a row that passed the tests, so a claim holds the locks of
-/// the keys it takes and of no other. The walk is a subquery under the
+/// ([`none_running!`]), until `$2` pass. The walk is a subquery under the
 /// `LIMIT`, so a claim of 256 heads reads and tests about as many rows,
 /// not the whole walk; no `ORDER BY`: the walk is in claim order already,
 /// and a sort or a hash join would test every row of the walk before the
-/// first comes out (`docs/perf/postgres.md`).
+/// first comes out (`docs/perf/postgres.md`). The rows that passed are
+/// claimed in the same statement ([`claim_heads_in!`]).
 ///
-/// No row lock for a keyed row: the key's lock keeps every other claim
-/// off the key's events, and step 2 ([`claim_locked!`]) re-reads each row
-/// and claims it only if it is still pending. A keyless candidate (only
-/// the outbox stores them in a sequential topic) has no key: its row is
-/// locked instead (`FOR UPDATE SKIP LOCKED`, passed over if another claim
-/// holds it), as [`KEYLESS`] locks the ones it finds, so no claim's step 2
-/// waits on a keyless row another claim holds while that one waits on it.
-///
-/// Returns whether the bound cut the walk short of `$2` heads (more
-/// pending events lie past it: [`HEADS_BY_KEY`] then looks for the heads
-/// of the keys the walk did not reach; counted by a second walk, only when
-/// the claim is short), the candidates' `seq`s, and whether it moved
+/// Returns the claimed events ([`claimed!`]; a single row of NULLs when
+/// none), each row followed by whether the bound cut the walk short of
+/// `$2` heads (more pending events lie past it: [`HEADS_BY_KEY`] then
+/// looks for the heads of the keys the walk did not reach; counted by a
+/// second walk, only when the claim is short) and whether it moved
 /// scheduled rows that fell due to pending ([`PROMOTE`], first, in the
 /// same statement: one round trip less per claim than a statement of its
 /// own).
-macro_rules! claim_candidates {
+macro_rules! claim_walk {
     ($head:expr) => {
         concat!(
             "WITH promoted AS (",
@@ -275,32 +332,30 @@ macro_rules! claim_candidates {
             " RETURNING s.seq
              ), candidates AS MATERIALIZED (
                  SELECT e.seq FROM (",
-            walk!("$4"),
+            walk!("$3"),
             ") e
-                 WHERE CASE WHEN e.run_at <= now() AND ",
-            unexpired!("e", "$5"),
+                 WHERE e.run_at <= now() AND ",
+            unexpired!("e", "$4"),
             " AND ",
             $head,
             " AND ",
             none_running!(),
             "
-                            THEN CASE WHEN e.key IS NULL
-                                      THEN EXISTS (SELECT 1 FROM mailroom.queue k
-                                                   WHERE k.seq = e.seq AND COALESCE(k.state, '') = 'pending'
-                                                   FOR UPDATE SKIP LOCKED)
-                                      ELSE pg_try_advisory_xact_lock($3, hashtext($1 || chr(31) || e.key))
-                                      END
-                            ELSE false END
                  LIMIT $2
+             ), ",
+            claim_heads_in!("SELECT c.seq FROM candidates c", "$5", "$6"),
+            ", flags AS (
+                 SELECT CASE WHEN (SELECT count(*) FROM candidates) < $2
+                             THEN (SELECT count(*) FROM (",
+            walk!("$3"),
+            ") n) >= $3
+                             ELSE false END AS cut_short,
+                        EXISTS (SELECT 1 FROM promoted) AS promoted
              )
-             SELECT CASE WHEN cardinality(l.seqs) < $2
-                         THEN (SELECT count(*) FROM (",
-            walk!("$4"),
-            ") n) >= $4
-                         ELSE false END,
-                    l.seqs,
-                    EXISTS (SELECT 1 FROM promoted)
-             FROM (SELECT ARRAY(SELECT c.seq FROM candidates c ORDER BY c.seq) AS seqs) l"
+             SELECT c.*, f.cut_short, f.promoted
+             FROM flags f LEFT JOIN (",
+            claimed!(),
+            ") c ON true"
         )
     };
 }
@@ -354,55 +409,56 @@ macro_rules! heads_by_key {
     };
 }
 
-/// Sequential topics, step 1 past the walk's bound: the heads of keys
-/// ([`heads_by_key!`]) that are due, minus the `seq`s the walk already
-/// took (`$3`), in arrival order, each taken if its key's lock is granted
-/// (tried as they come, up to `$2`), as the walk's are. `$1` topic, `$2`
-/// max, `$4` lock class, `$5` expiry.
-///
-/// No row lock, as in the walk ([`claim_candidates!`]): a claim that
-/// locked a head's row before trying its key's lock held the rows of keys
-/// another instance's claim had taken until it committed, and that claim's
-/// step 2 waited for it (two instances draining one sequential topic
-/// together ran at under half of one's rate, and a claim waiting on another
-/// that waited on it was ended after `deadlock_timeout`).
+/// Sequential topics, past the walk's bound: claims the heads of keys
+/// ([`heads_by_key!`]) that are due and not expired (`$3`), in arrival
+/// order, at most `$2`, under the topic's claim lock ([`claim_heads`]).
+/// `$1` topic, `$4` lease, `$5` worker. The heads the walk claimed before
+/// it in the same transaction run now, so their keys have no head here.
 macro_rules! claim_heads_by_key {
     ($dead:literal) => {
         concat!(
             heads_by_key!($dead, "10000"),
-            ", candidates AS MATERIALIZED (
-                 SELECT e.seq, e.key FROM mailroom.queue e
-                 WHERE e.seq = ANY(ARRAY(SELECT h.seq FROM heads h WHERE h.run_at <= now()
-                                         AND ",
-            unexpired!("h", "$5"),
-            "))
-                   AND NOT (e.seq = ANY($3)) AND ",
-            pending_by_seq!(),
-            "
-                 ORDER BY e.seq)
-             SELECT c.seq FROM candidates c
-             WHERE pg_try_advisory_xact_lock($4, hashtext($1 || chr(31) || c.key))
-             LIMIT $2"
+            ", ",
+            claim_heads_in!(
+                concat!(
+                    "SELECT h.seq FROM heads h WHERE h.run_at <= now() AND ",
+                    unexpired!("h", "$3"),
+                    " ORDER BY h.seq LIMIT $2"
+                ),
+                "$4",
+                "$5"
+            ),
+            " ",
+            claimed!()
         )
     };
 }
 pub(super) const HEADS_BY_KEY: &str = claim_heads_by_key!("");
 pub(super) const HEADS_BY_KEY_SKIP_DEAD: &str = claim_heads_by_key!("AND f.state <> 'dead'");
 
-/// Sequential topics, step 1 past the walk's bound: due keyless events
+/// Sequential topics, past the walk's bound: claims due keyless events
 /// (independent; only the outbox can store them in a sequential topic),
-/// minus the `seq`s already taken (`$3`). `$1` topic, `$2` max, `$4`
-/// expiry. It walks
-/// every pending event of the topic, so a claim runs it at most once per
+/// at most `$2`, not expired (`$3`), under the topic's claim lock. `$1`
+/// topic, `$4` lease, `$5` worker. It walks every pending event of the
+/// topic, so a claim runs it at most once per
 /// [`RESCAN`](crate::floor::RESCAN) while the topic's heads are sparse:
 /// without it, a keyless event behind a blocked key's deep backlog would
 /// never come within the walk's bound.
 pub(super) const KEYLESS: &str = concat!(
-    "SELECT e.seq FROM mailroom.queue e
-     WHERE e.topic = ANY(ARRAY[$1::text]) AND e.state = 'pending'
-       AND e.run_at <= now() AND e.key IS NULL AND NOT (e.seq = ANY($3)) AND ",
-    unexpired!("e", "$4"),
-    " ORDER BY e.topic, -e.priority, e.seq LIMIT $2 FOR UPDATE OF e SKIP LOCKED"
+    "WITH ",
+    claim_heads_in!(
+        concat!(
+            "SELECT k.seq FROM mailroom.queue k
+             WHERE k.topic = ANY(ARRAY[$1::text]) AND k.state = 'pending'
+               AND k.run_at <= now() AND k.key IS NULL AND ",
+            unexpired!("k", "$3"),
+            " ORDER BY k.topic, -k.priority, k.seq LIMIT $2"
+        ),
+        "$4",
+        "$5"
+    ),
+    " ",
+    claimed!()
 );
 
 /// Pending events a sequential claim's walk tests at most (its bound).
@@ -412,37 +468,6 @@ pub(crate) const SEQUENTIAL_WINDOW: i64 = 1024;
 /// them come from [`HEADS_BY_KEY`] and a long walk would mostly test
 /// events waiting behind their key's head.
 pub(crate) const SPARSE_WINDOW: i64 = 64;
-
-/// Sequential topics, step 2: claim the candidates (`$3`) that are still
-/// pending, still the first open event of their key (`$first`,
-/// [`first_of_key!`]) and of whose key nothing runs ([`none_running!`]),
-/// on a snapshot taken after the key locks were granted ([`claim_heads`]).
-///
-/// The rows are found by `seq` alone, through the primary key, and
-/// updated where they are found, with the rule as the update's condition;
-/// repeating the claim's conditions here invites a walk of the pending
-/// index (`docs/perf/postgres.md`). A row that another transaction
-/// changes meanwhile (an operator's cancel) is waited for and tested again
-/// on its new version.
-/// "No earlier open event" is tested again because an event stored with
-/// an earlier `seq` may have become visible since step 1 (another
-/// instance's insert that committed late): without it, two instances
-/// taking concurrent requests for one key ran more of them out of arrival
-/// order (5 and 8 inversions among 2,000 events, against 1 and 3).
-macro_rules! claim_locked {
-    ($first:expr) => {
-        claim_rows!(concat!(
-            "UPDATE mailroom.queue e SET state = 'running'
-             WHERE e.seq = ANY($3) AND ",
-            pending_by_seq!(),
-            " AND ",
-            $first,
-            " AND ",
-            none_running!(),
-            " RETURNING e.seq, e.priority"
-        ))
-    };
-}
 
 /// The starvation bound (`max_wait_for_priority`, `$2` µs): the pending
 /// rows of topic `$1` below its highest priority that have been due that
@@ -531,32 +556,29 @@ pub(crate) async fn claim_from(
 /// open event of the key, none running") reads *other* rows, which row
 /// locks alone cannot protect: two transactions could each see "nothing of
 /// key K is running" on their own snapshots and claim two different events
-/// of K (e.g. a replayed earlier event and the next one). So a claim of a
-/// keyed event is made under a transaction-scoped advisory lock on (topic,
-/// key):
+/// of K (e.g. a replayed earlier event and the next one). So the claims of
+/// a sequential topic take turns. Each runs in a transaction that first
+/// takes the topic's claim lock ([`LOCK_TOPIC`], a transaction-scoped
+/// advisory lock, waited for) in a statement of its own, then claims in
+/// the next ones. Their READ COMMITTED snapshots are taken after the lock
+/// was granted, so they see every claim of the topic that committed before
+/// (a transaction's effects are visible before its locks are released),
+/// and no other claim of the topic commits until this one has.
 ///
-/// 1. pick the candidate heads and `pg_try_advisory_xact_lock` each key; a
-///    key another claim holds is skipped (not waited for). One statement
-///    walks the pending events in arrival order, up to a bound; when the
-///    bound cut it short of `max` heads, a second one finds the heads of
-///    the other keys, one key at a time (`HEADS_BY_KEY`);
-/// 2. in a *second* statement — whose READ COMMITTED snapshot is taken after
-///    the locks were granted, so it sees every claim of those keys that
-///    committed before (a transaction's effects are visible before its locks
-///    are released) — claim the candidates still pending, still the first
-///    open event of their key, and of whose key nothing runs.
+/// Only claims make events `running`, and every claim of a sequential
+/// topic holds its lock until it commits, so two running events of one key
+/// can never coexist, across any number of connections and instances.
+/// Completions, replays and rescues only make a key less busy and need no
+/// lock. Keyless events are independent; the lock covers them too.
 ///
-/// Only claims make events `running`, and every claim of key K holds K's
-/// lock until it commits, so two running events of one key can never
-/// coexist, across any number of connections and instances. Completions,
-/// replays and rescues only make a key less busy and need no lock. Keyless
-/// events are independent and rely on their row locks (`FOR UPDATE SKIP
-/// LOCKED`, in the walk and in [`KEYLESS`]) alone. A hash collision between two keys
-/// only makes one claim skip a key for a moment.
-///
-/// `window` bounds the walk ([`SEQUENTIAL_WINDOW`] or [`SPARSE_WINDOW`]);
-/// past it, `keyless` also looks for keyless events ([`KEYLESS`]). Also
-/// returns whether the topic's heads are sparse ([`sparse_heads`]).
+/// The claim is one statement ([`claim_walk!`]): a walk of the pending
+/// events in claim order, bounded by `window` ([`SEQUENTIAL_WINDOW`] or
+/// [`SPARSE_WINDOW`]), that tests the head rule and claims the heads it
+/// finds. It runs again if it promoted scheduled rows its snapshot did not
+/// see. When the bound cut it short of `max` heads, [`HEADS_BY_KEY`] claims
+/// the heads of the other keys, one key at a time, and, when `keyless`,
+/// [`KEYLESS`] the keyless events. Also returns whether the topic's heads
+/// are sparse ([`sparse_heads`]).
 pub(crate) async fn claim_heads(
     pool: &PgPool,
     req: &ClaimRequest,
@@ -565,47 +587,112 @@ pub(crate) async fn claim_heads(
     keyless: bool,
 ) -> Result<(Vec<(Position, Claimed)>, bool)> {
     const CTX: &str = "claiming events";
-    let (pick, by_key, take) = match on_dead {
-        OnDead::Block => (
-            claim_candidates!(first_block!()),
-            HEADS_BY_KEY,
-            claim_locked!(first_block!()),
-        ),
-        OnDead::Skip => (
-            claim_candidates!(first_skip!()),
-            HEADS_BY_KEY_SKIP_DEAD,
-            claim_locked!(first_skip!()),
-        ),
+    let (walk, by_key) = match on_dead {
+        OnDead::Block => (claim_walk!(first_block!()), HEADS_BY_KEY),
+        OnDead::Skip => (claim_walk!(first_skip!()), HEADS_BY_KEY_SKIP_DEAD),
     };
     let mut tx = pool.begin().await.map_err(db(CTX))?;
-    let (mut seqs, mut cut_short, promoted) = walk_candidates(&mut tx, req, pick, window).await?;
-    if promoted {
-        // The rows it moved to pending are visible to the next statement;
-        // its locks stay (released at commit), and its candidates come
-        // back in this one's.
-        (seqs, cut_short, _) = walk_candidates(&mut tx, req, pick, window).await?;
-    }
-    let sparse = cut_short && sparse_heads(seqs.len(), req.max, window);
-    if cut_short {
-        more_candidates(&mut tx, by_key, req, &mut seqs, true).await?;
-        if keyless {
-            more_candidates(&mut tx, KEYLESS, req, &mut seqs, false).await?;
-        }
-    }
-    if seqs.is_empty() {
-        // Commits what step 1 promoted (scheduled rows due).
-        tx.commit().await.map_err(db(CTX))?;
-        return Ok((Vec::new(), sparse));
-    }
-    let rows = sqlx::query(take)
-        .bind(micros(req.lease))
-        .bind(&req.worker)
-        .bind(&seqs)
-        .fetch_all(&mut *tx)
+    sqlx::query(LOCK_TOPIC)
+        .bind(CLAIM_LOCK_CLASS)
+        .bind(&req.topic)
+        .bind(CLAIM_IDLE_LIMIT)
+        .execute(&mut *tx)
         .await
         .map_err(db(CTX))?;
+    let mut walked = walk_and_claim(&mut tx, req, walk, window, req.max).await?;
+    if walked.promoted {
+        // The rows it moved to pending are visible to the next statement.
+        let left = req.max.saturating_sub(len_u32(&walked.claimed));
+        let again = walk_and_claim(&mut tx, req, walk, window, left).await?;
+        walked.claimed.extend(again.claimed);
+        walked.cut_short = again.cut_short;
+    }
+    let mut claimed = walked.claimed;
+    let sparse = walked.cut_short && sparse_heads(claimed.len(), req.max, window);
+    if walked.cut_short {
+        claim_more(&mut tx, by_key, req, &mut claimed).await?;
+        if keyless {
+            claim_more(&mut tx, KEYLESS, req, &mut claimed).await?;
+        }
+    }
     tx.commit().await.map_err(db(CTX))?;
-    Ok((claimed_from_rows(&rows)?, sparse))
+    claimed.sort_unstable_by_key(|&((priority, seq), _)| claim_order(priority, seq));
+    Ok((claimed, sparse))
+}
+
+/// `v.len()` as a `u32` (a claim's length, at most its `max`).
+fn len_u32<T>(v: &[T]) -> u32 {
+    u32::try_from(v.len()).unwrap_or(u32::MAX)
+}
+
+/// What one run of [`claim_walk!`] did.
+struct Walked {
+    claimed: Vec<(Position, Claimed)>,
+    /// The bound cut the walk short of the heads asked for.
+    cut_short: bool,
+    /// It moved scheduled rows that fell due to pending, which its walk
+    /// did not see.
+    promoted: bool,
+}
+
+/// Runs `sql` ([`claim_walk!`]) for up to `max` heads within `window`.
+async fn walk_and_claim(
+    tx: &mut Transaction<'_, Postgres>,
+    req: &ClaimRequest,
+    sql: &'static str,
+    window: i64,
+    max: u32,
+) -> Result<Walked> {
+    let rows = sqlx::query(sql)
+        .bind(&req.topic)
+        .bind(i64::from(max))
+        .bind(window)
+        .bind(req.expire_after.map(micros))
+        .bind(micros(req.lease))
+        .bind(&req.worker)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db("claiming events"))?;
+    let first = rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt("a sequential claim returned no row".into()))?;
+    let cut_short: bool = col(first, EVENT_COLS + 1)?;
+    let promoted: bool = col(first, EVENT_COLS + 2)?;
+    // With nothing claimed, the one row is the flags' alone.
+    let rows: Vec<PgRow> = rows
+        .into_iter()
+        .filter(|row| matches!(col::<Option<i64>>(row, 0), Ok(Some(_))))
+        .collect();
+    Ok(Walked {
+        claimed: claimed_from_rows(&rows)?,
+        cut_short,
+        promoted,
+    })
+}
+
+/// Past the walk's bound: adds to `claimed` what `sql` ([`HEADS_BY_KEY`] or
+/// [`KEYLESS`]) claims, up to `req.max` in all.
+async fn claim_more(
+    tx: &mut Transaction<'_, Postgres>,
+    sql: &'static str,
+    req: &ClaimRequest,
+    claimed: &mut Vec<(Position, Claimed)>,
+) -> Result<()> {
+    let left = req.max.saturating_sub(len_u32(claimed));
+    if left == 0 {
+        return Ok(());
+    }
+    let rows = sqlx::query(sql)
+        .bind(&req.topic)
+        .bind(i64::from(left))
+        .bind(req.expire_after.map(micros))
+        .bind(micros(req.lease))
+        .bind(&req.worker)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db("claiming events"))?;
+    claimed.extend(claimed_from_rows(&rows)?);
+    Ok(())
 }
 
 /// Whether a walk of `window` pending events that found `found` heads,
@@ -622,60 +709,6 @@ pub(crate) async fn claim_heads(
 pub(crate) fn sparse_heads(found: usize, max: u32, window: i64) -> bool {
     let found = i64::try_from(found).unwrap_or(i64::MAX);
     found.saturating_mul(SEQUENTIAL_WINDOW) < i64::from(max).saturating_mul(window)
-}
-
-/// Step 1, the bounded walk ([`claim_candidates!`] as `pick`): the
-/// candidates' `seq`s, whether the bound cut the walk short of `req.max`
-/// heads, and whether it promoted scheduled rows its walk did not see.
-async fn walk_candidates(
-    tx: &mut Transaction<'_, Postgres>,
-    req: &ClaimRequest,
-    pick: &'static str,
-    window: i64,
-) -> Result<(Vec<i64>, bool, bool)> {
-    let max = i64::from(req.max);
-    let (cut_short, seqs, promoted): (bool, Vec<i64>, bool) = sqlx::query_as(pick)
-        .bind(&req.topic)
-        .bind(max)
-        .bind(KEY_LOCK_CLASS)
-        .bind(window)
-        .bind(req.expire_after.map(micros))
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(db("claiming events"))?;
-    let found = i64::try_from(seqs.len()).unwrap_or(max);
-    Ok((seqs, cut_short && found < max, promoted))
-}
-
-/// Step 1 past the walk's bound: adds to `seqs` what `sql` ([`HEADS_BY_KEY`]
-/// or [`KEYLESS`]) finds, up to `req.max` in all; `locks` binds the key
-/// lock class the heads' statements take.
-async fn more_candidates(
-    tx: &mut Transaction<'_, Postgres>,
-    sql: &'static str,
-    req: &ClaimRequest,
-    seqs: &mut Vec<i64>,
-    locks: bool,
-) -> Result<()> {
-    let max = i64::from(req.max);
-    let found = i64::try_from(seqs.len()).unwrap_or(max);
-    if found >= max {
-        return Ok(());
-    }
-    let mut query = sqlx::query_scalar(sql)
-        .bind(&req.topic)
-        .bind(max - found)
-        .bind(&*seqs);
-    if locks {
-        query = query.bind(KEY_LOCK_CLASS);
-    }
-    query = query.bind(req.expire_after.map(micros));
-    let more: Vec<i64> = query
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(db("claiming events"))?;
-    seqs.extend(more);
-    Ok(())
 }
 
 /// The sort key of claim order: highest priority first, then arrival.
@@ -761,9 +794,8 @@ macro_rules! next_due_by_key {
 /// next walk's reach; the first open event of its key, nothing of its key
 /// running, not expired (`$3`)), NULL otherwise. It stops at the first
 /// such head, where [`next_due_by_key!`] looks up every key: a claim that
-/// came back short because other claims held the keys it reached (another
-/// instance's, in flight) asks for the next due time at once, and the
-/// answer is "now".
+/// came back short asks for the next due time at once, and when keys it
+/// found running have finished since, the answer is "now".
 macro_rules! due_head_in_walk {
     ($head:expr) => {
         concat!(
@@ -833,108 +865,41 @@ mod tests {
     use super::*;
     use sqlx::{Connection, PgConnection};
 
-    /// The first open event of key `k1` in a `plans::backlog`.
-    async fn head_of_k1(conn: &mut PgConnection) -> i64 {
-        sqlx::query_scalar("SELECT min(seq) FROM mailroom.queue WHERE key = 'k1'")
-            .fetch_one(conn)
-            .await
-            .unwrap()
-    }
-
-    /// Step 1's walk (`on_dead = block`) for up to 1,000 heads of topic
-    /// `t` in `tx`: the candidates' `seq`s.
-    async fn walk_in(tx: &mut sqlx::PgTransaction<'_>) -> Vec<i64> {
-        let (_, seqs, _): (bool, Vec<i64>, bool) =
-            sqlx::query_as(claim_candidates!(first_block!()))
+    /// A claim's transaction left idle while it holds its topic's claim
+    /// lock (its instance paused or cut off mid-claim) is ended by
+    /// PostgreSQL after the idle limit, and the lock goes with it: the
+    /// other instances' claims of the topic wait that long at most. Here
+    /// with a limit of 200 ms instead of [`CLAIM_IDLE_LIMIT`].
+    #[tokio::test]
+    async fn a_claim_left_idle_loses_its_topic_lock() {
+        let url = mailroom_testkit::fresh_postgres_db().await;
+        let lock = |conn| {
+            sqlx::query(LOCK_TOPIC)
+                .bind(CLAIM_LOCK_CLASS)
                 .bind("t")
-                .bind(1000_i64)
-                .bind(KEY_LOCK_CLASS)
-                .bind(SEQUENTIAL_WINDOW)
-                .bind(None::<i64>)
-                .fetch_one(&mut **tx)
-                .await
-                .unwrap();
-        seqs
-    }
+                .bind("200ms")
+                .execute(conn)
+        };
+        let mut stalled = PgConnection::connect(&url).await.unwrap();
+        let mut tx = stalled.begin().await.unwrap();
+        lock(&mut *tx).await.unwrap();
 
-    /// Whether a third session can lock queue row `seq` at once.
-    async fn unlocked(url: &str, seq: i64) -> bool {
-        let mut conn = PgConnection::connect(url).await.unwrap();
-        sqlx::query("SELECT seq FROM mailroom.queue WHERE seq = $1 FOR UPDATE NOWAIT")
-            .bind(seq)
-            .fetch_optional(&mut conn)
+        let mut other = PgConnection::connect(&url).await.unwrap();
+        let mut waiting = other.begin().await.unwrap();
+        let started = std::time::Instant::now();
+        tokio::time::timeout(std::time::Duration::from_secs(10), lock(&mut *waiting))
             .await
-            .is_ok()
-    }
-
-    /// A claim's step 1 (the walk, and the lookup by key past it) passes
-    /// over a head whose key another claim holds without locking its row:
-    /// a row held until this claim commits would stop the other claim's
-    /// step 2, which claims it. (Both statements locked the rows of their
-    /// candidates before trying their keys' locks, and two instances
-    /// draining one sequential topic waited on each other.)
-    #[tokio::test]
-    async fn step_one_leaves_the_rows_of_keys_another_claim_holds_unlocked() {
-        let (url, mut holder) = super::super::plans::backlog_at(1000).await;
-        let head = head_of_k1(&mut holder).await;
-        let mut held = holder.begin().await.unwrap();
-        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext('t' || chr(31) || 'k1'))")
-            .bind(KEY_LOCK_CLASS)
-            .execute(&mut *held)
-            .await
+            .expect("the idle claim still holds the topic's lock")
             .unwrap();
-
-        let mut claimer = PgConnection::connect(&url).await.unwrap();
-        let mut tx = claimer.begin().await.unwrap();
-        let seqs = walk_in(&mut tx).await;
-        assert!(!seqs.contains(&head) && !seqs.is_empty());
-        assert!(unlocked(&url, head).await, "the walk locked k1's head");
-        tx.rollback().await.unwrap();
-
-        let mut tx = claimer.begin().await.unwrap();
-        let by_key: Vec<i64> = sqlx::query_scalar(HEADS_BY_KEY)
-            .bind("t")
-            .bind(1000_i64)
-            .bind(Vec::<i64>::new())
-            .bind(KEY_LOCK_CLASS)
-            .bind(None::<i64>)
-            .fetch_all(&mut *tx)
-            .await
-            .unwrap();
-        assert_eq!(by_key.len(), 999);
-        assert!(!by_key.contains(&head));
         assert!(
-            unlocked(&url, head).await,
-            "the lookup by key locked k1's head"
+            started.elapsed() >= std::time::Duration::from_millis(150),
+            "the lock was not held while the claim was idle"
         );
-        tx.rollback().await.unwrap();
-        held.rollback().await.unwrap();
-    }
-
-    /// A keyless candidate of the walk (the outbox can store one in a
-    /// sequential topic) has no key lock to hold: its row is locked
-    /// instead, and the keyed candidates' rows are not.
-    #[tokio::test]
-    async fn step_one_locks_the_rows_of_keyless_candidates_only() {
-        let (url, mut conn) = super::super::plans::backlog_at(1000).await;
-        let keyless: i64 = sqlx::query_scalar(
-            "WITH k AS (UPDATE mailroom.queue SET key = NULL
-                        WHERE seq = (SELECT min(seq) + 5 FROM mailroom.queue) RETURNING seq)
-             UPDATE mailroom.events e SET key = NULL FROM k WHERE e.seq = k.seq RETURNING e.seq",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        let keyed = head_of_k1(&mut conn).await;
-        let mut tx = conn.begin().await.unwrap();
-        let seqs = walk_in(&mut tx).await;
-        assert!(seqs.contains(&keyless) && seqs.contains(&keyed));
+        waiting.rollback().await.unwrap();
         assert!(
-            !unlocked(&url, keyless).await,
-            "the keyless candidate is not locked"
+            sqlx::query("SELECT 1").execute(&mut *tx).await.is_err(),
+            "the idle claim's session was not ended"
         );
-        assert!(unlocked(&url, keyed).await, "a keyed candidate is locked");
-        tx.rollback().await.unwrap();
     }
 
     #[test]
