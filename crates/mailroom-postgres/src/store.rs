@@ -65,7 +65,11 @@ struct Inner {
     /// for the topic's locks (`max_running`'s advisory lock, the rate
     /// budget's row) holds one pool connection, not one per caller (the
     /// holder needs another for its claim).
-    limited: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    limited: Turns,
+    /// One claim per sequential topic at a time in this process, so
+    /// waiting for the topic's claim lock (`sql::claim_heads`) holds one
+    /// pool connection, not one per caller (a crowd of pull workers).
+    heads: Turns,
     /// When each topic's claims last raised the events that waited
     /// `max_wait_for_priority` ([`sql::raise_waiting`]).
     raised: Mutex<HashMap<String, Instant>>,
@@ -141,7 +145,8 @@ impl PostgresStore {
                 floors: Floors::default(),
                 vacuum,
                 sparse: Mutex::default(),
-                limited: Mutex::default(),
+                limited: Turns::default(),
+                heads: Turns::default(),
                 raised: Mutex::default(),
             }),
         })
@@ -190,6 +195,8 @@ impl PostgresStore {
         let window = window_for(last_keyless.is_some());
         let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
         let pool = self.pool_ref();
+        let turn = self.inner.heads.of(&req.topic);
+        let _turn = turn.lock().await;
         let (claimed, sparse_now) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
         if sparse_now {
             let at = match last_keyless {
@@ -201,16 +208,6 @@ impl PostgresStore {
             sparse().remove(&req.topic);
         }
         Ok(claimed)
-    }
-
-    /// This process's turn at `topic`'s limited claims (see `limited`).
-    fn limited_turn(&self, topic: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut limited = self
-            .inner
-            .limited
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        limited.entry(topic.to_owned()).or_default().clone()
     }
 
     /// How far the next sequential claim of `topic` walks (see `sparse`).
@@ -290,6 +287,19 @@ impl PostgresStore {
             Instant::now(),
         );
         Ok(claimed)
+    }
+}
+
+/// One turn per topic at a time within this process: a caller waits
+/// here, holding no pool connection, rather than at a database lock.
+#[derive(Debug, Default)]
+struct Turns(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Turns {
+    /// `topic`'s turn (lock it to take it).
+    fn of(&self, topic: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        turns.entry(topic.to_owned()).or_default().clone()
     }
 }
 
@@ -377,7 +387,7 @@ impl Store for PostgresStore {
     async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
         const CTX: &str = "claiming within limits";
         let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
-        let turn = self.limited_turn(&req.topic);
+        let turn = self.inner.limited.of(&req.topic);
         let _turn = turn.lock().await;
         let mut tx = self.pool_ref().begin().await.map_err(db(CTX))?;
         let room = match limits.max_running {

@@ -660,6 +660,48 @@ async fn a_claim_in_flight_on_another_connection_holds_its_topic() {
     assert_eq!(running.iter().map(|e| e.id).collect::<Vec<_>>(), vec![a2]);
 }
 
+/// Claims of one sequential topic wait for each other, in this process
+/// without a pool connection: a crowd of them (pull workers asking at
+/// once) while another instance's claim holds the topic's lock keeps one
+/// connection waiting, and an insert still gets one at once. (Without the
+/// process's own turn, the 8 claims took all 8 connections and the insert
+/// waited for the pool's acquire timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_claims_of_one_topic_waits_on_one_connection() {
+    let (url, store) = fresh(false).await;
+    store.insert(event("seq", "a1", Some("A"))).await.unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut held = other.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1836213108, hashtext('seq'))")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let crowd: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .claim(&claim_req("seq", 10, Some(OnDead::Block)))
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        store.insert(event("other", "b1", None)),
+    )
+    .await
+    .expect("the claims waiting for the topic's lock hold the pool")
+    .unwrap();
+    held.commit().await.unwrap();
+    let mut claimed = 0;
+    for claim in crowd {
+        claimed += claim.await.unwrap().unwrap().len();
+    }
+    assert_eq!(claimed, 1, "A's event is claimed once");
+}
+
 /// A claim that came back full makes the next one start past what it took
 /// (the floor, `src/floor.rs`). An older event that turns pending again
 /// (here a retry due at once) is still claimed: within the rescan interval
