@@ -586,6 +586,16 @@ async fn one_instance_leads_at_a_time() {
     assert!(!a.try_lead("maintenance", "a", ttl).await.unwrap());
 }
 
+/// Takes sequential topic `topic`'s claim lock in `tx` (class "mrct",
+/// `hashtext(topic)`), as another instance's claim in flight holds it.
+async fn hold_claim_lock(tx: &mut sqlx::PgConnection, topic: &str) {
+    sqlx::query("SELECT pg_advisory_xact_lock(1836213108, hashtext($1))")
+        .bind(topic)
+        .execute(tx)
+        .await
+        .unwrap();
+}
+
 /// The race the topic's claim lock closes, made deterministic: while
 /// another connection's claim of a key's head (A2) is still uncommitted, an
 /// earlier event of the key (A1) is replayed. On a snapshot taken then, A2
@@ -614,14 +624,10 @@ async fn a_claim_in_flight_on_another_connection_holds_its_topic() {
         .unwrap();
 
     // Another instance's claim of A2, caught between its UPDATE and COMMIT:
-    // the topic's claim lock (class "mrct", hashtext(topic)) and the row
-    // change, both uncommitted.
+    // the topic's claim lock and the row change, both uncommitted.
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock(1836213108, hashtext('seq'))")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    hold_claim_lock(&mut tx, "seq").await;
     for change in [
         "UPDATE mailroom.queue SET state = 'running'
          WHERE seq = (SELECT seq FROM mailroom.events WHERE id = $1::text::uuid)",
@@ -672,10 +678,7 @@ async fn a_crowd_of_claims_of_one_topic_waits_on_one_connection() {
     store.insert(event("seq", "a1", Some("A"))).await.unwrap();
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let mut held = other.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock(1836213108, hashtext('seq'))")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    hold_claim_lock(&mut held, "seq").await;
     let crowd: Vec<_> = (0..8)
         .map(|_| {
             let store = store.clone();
