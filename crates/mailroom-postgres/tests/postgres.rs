@@ -705,6 +705,37 @@ async fn a_crowd_of_claims_of_one_topic_waits_on_one_connection() {
     assert_eq!(claimed, 1, "A's event is claimed once");
 }
 
+/// A claim that waited for its topic's lock (another instance's claim
+/// held it for 2 s) still gets its whole lease, counted on the database's
+/// clock from its statement, not from its transaction's start before the
+/// wait: the engine reckons the lease from when the claim returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_for_its_topic_gets_its_whole_lease() {
+    let (url, store) = fresh(false).await;
+    store.insert(event("seq", "a1", Some("A"))).await.unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut held = other.begin().await.unwrap();
+    hold_claim_lock(&mut held, "seq").await;
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .claim(&claim_req("seq", 10, Some(OnDead::Block)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    held.commit().await.unwrap();
+    let claimed = claim.await.unwrap().unwrap();
+    assert_eq!(claimed.len(), 1);
+    let now = store.now().await.unwrap();
+    let left = claimed[0].lease_until.duration_since(now);
+    assert!(
+        left.as_secs_f64() > 29.0,
+        "{left:?} of a 30 s lease left just after the claim"
+    );
+}
+
 /// A claim that came back full makes the next one start past what it took
 /// (the floor, `src/floor.rs`). An older event that turns pending again
 /// (here a retry due at once) is still claimed: within the rescan interval

@@ -137,7 +137,11 @@ macro_rules! claim_rows {
 }
 
 /// The two CTEs of [`claim_rows!`], `picked` and `claimed`, for a
-/// statement with CTEs of its own before them.
+/// statement with CTEs of its own before them. The lease runs from the
+/// statement's start (`statement_timestamp()`), not the transaction's
+/// (`now()`): a sequential claim's transaction may have waited for its
+/// topic's lock first ([`claim_heads`]), and a lease counted from before
+/// that wait would end earlier than the engine reckons.
 macro_rules! claim_ctes {
     ($picked:expr, $lease:literal, $worker:literal) => {
         concat!(
@@ -146,10 +150,10 @@ macro_rules! claim_ctes {
             "), claimed AS (
                  UPDATE mailroom.events e
                  SET status = 'running', attempts = e.attempts + 1,
-                     lease_until = now() + ",
+                     lease_until = statement_timestamp() + ",
             $lease,
             " * interval '1 microsecond',
-                     started_at = now(), worker = ",
+                     started_at = statement_timestamp(), worker = ",
             $worker,
             ", next_attempt_at = NULL
                  WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))

@@ -8,7 +8,8 @@
 //! Times cross the wire as `bigint` microseconds since the Unix epoch (the
 //! resolution of `timestamptz`), so no date-time crate is needed between
 //! PostgreSQL and [`jiff`]. Every instant that matters is computed by
-//! PostgreSQL (`now()`: the transaction's start; `clock_timestamp()` for
+//! PostgreSQL (`now()`: the transaction's start; `statement_timestamp()`
+//! for claims' leases; `clock_timestamp()` for
 //! [`Store::now`](mailroom_core::Store::now)); Rust only passes durations.
 //! Why the statements are spelled as they are (index choice, generic
 //! plans) is told in `docs/perf/postgres.md`; the `plans` tests check it.
