@@ -184,6 +184,9 @@ impl PostgresStore {
         req: &ClaimRequest,
         on_dead: OnDead,
     ) -> Result<Vec<(sql::Position, Claimed)>> {
+        // First, so the walk's bound below is what the last claim found.
+        let turn = self.inner.heads.of(&req.topic);
+        let _turn = turn.lock().await;
         let sparse = || {
             self.inner
                 .sparse
@@ -195,8 +198,6 @@ impl PostgresStore {
         let window = window_for(last_keyless.is_some());
         let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
         let pool = self.pool_ref();
-        let turn = self.inner.heads.of(&req.topic);
-        let _turn = turn.lock().await;
         let (claimed, sparse_now) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
         if sparse_now {
             let at = match last_keyless {

@@ -586,6 +586,15 @@ async fn one_instance_leads_at_a_time() {
     assert!(!a.try_lead("maintenance", "a", ttl).await.unwrap());
 }
 
+/// `store.claim(req)` in a task of its own, for a test to watch it wait.
+fn claim_meanwhile(
+    store: &PostgresStore,
+    req: &ClaimRequest,
+) -> tokio::task::JoinHandle<mailroom_core::Result<Vec<mailroom_core::Claimed>>> {
+    let (store, req) = (store.clone(), req.clone());
+    tokio::spawn(async move { store.claim(&req).await })
+}
+
 /// Takes sequential topic `topic`'s claim lock in `tx` (class "mrct",
 /// `hashtext(topic)`), as another instance's claim in flight holds it.
 async fn hold_claim_lock(tx: &mut sqlx::PgConnection, topic: &str) {
@@ -643,11 +652,7 @@ async fn a_claim_in_flight_on_another_connection_holds_its_topic() {
     }
 
     store.replay(a1, 1).await.unwrap();
-    let claim = tokio::spawn({
-        let store = store.clone();
-        let r = r.clone();
-        async move { store.claim(&r).await }
-    });
+    let claim = claim_meanwhile(&store, &r);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !claim.is_finished(),
@@ -680,14 +685,7 @@ async fn a_crowd_of_claims_of_one_topic_waits_on_one_connection() {
     let mut held = other.begin().await.unwrap();
     hold_claim_lock(&mut held, "seq").await;
     let crowd: Vec<_> = (0..8)
-        .map(|_| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                store
-                    .claim(&claim_req("seq", 10, Some(OnDead::Block)))
-                    .await
-            })
-        })
+        .map(|_| claim_meanwhile(&store, &claim_req("seq", 10, Some(OnDead::Block))))
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     tokio::time::timeout(
@@ -716,14 +714,7 @@ async fn a_claim_that_waited_for_its_topic_gets_its_whole_lease() {
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let mut held = other.begin().await.unwrap();
     hold_claim_lock(&mut held, "seq").await;
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move {
-            store
-                .claim(&claim_req("seq", 10, Some(OnDead::Block)))
-                .await
-        }
-    });
+    let claim = claim_meanwhile(&store, &claim_req("seq", 10, Some(OnDead::Block)));
     tokio::time::sleep(Duration::from_secs(2)).await;
     held.commit().await.unwrap();
     let claimed = claim.await.unwrap().unwrap();

@@ -604,9 +604,9 @@ pub(crate) async fn claim_heads(
         .await
         .map_err(db(CTX))?;
     let mut walked = walk_and_claim(&mut tx, req, walk, window, req.max).await?;
-    if walked.promoted {
+    let left = req.max.saturating_sub(len_u32(&walked.claimed));
+    if walked.promoted && left > 0 {
         // The rows it moved to pending are visible to the next statement.
-        let left = req.max.saturating_sub(len_u32(&walked.claimed));
         let again = walk_and_claim(&mut tx, req, walk, window, left).await?;
         walked.claimed.extend(again.claimed);
         walked.cut_short = again.cut_short;
