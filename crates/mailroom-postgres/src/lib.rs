@@ -26,6 +26,7 @@
 //! Durability: connections run with `synchronous_commit = on`, so a method
 //! that returns `Ok` has been flushed to the WAL (SPEC §2.1).
 
+mod claimer;
 mod completer;
 mod floor;
 mod listen;

@@ -1,5 +1,6 @@
 //! [`PostgresStore`]: the [`Store`] trait over one PostgreSQL database.
 
+use crate::claimer::{Claimers, release_later};
 use crate::completer::Completer;
 use crate::floor::{Floors, RESCAN};
 use crate::options::PostgresOptions;
@@ -66,10 +67,11 @@ struct Inner {
     /// budget's row) holds one pool connection, not one per caller (the
     /// holder needs another for its claim).
     limited: Turns,
-    /// One claim per sequential topic at a time in this process, so
-    /// waiting for the topic's claim lock (`sql::claim_heads`) holds one
-    /// pool connection, not one per caller (a crowd of pull workers).
-    heads: Turns,
+    /// Each sequential topic's claimer: its connection holding the topic's
+    /// claim lock across claims (`claimer.rs`); one claim per topic at a
+    /// time in this process, so waiting for the lock holds one connection,
+    /// not one per caller (a crowd of pull workers).
+    claimers: Claimers,
     /// When each topic's claims last raised the events that waited
     /// `max_wait_for_priority` ([`sql::raise_waiting`]).
     raised: Mutex<HashMap<String, Instant>>,
@@ -146,7 +148,7 @@ impl PostgresStore {
                 vacuum,
                 sparse: Mutex::default(),
                 limited: Turns::default(),
-                heads: Turns::default(),
+                claimers: Claimers::default(),
                 raised: Mutex::default(),
             }),
         })
@@ -185,8 +187,8 @@ impl PostgresStore {
         on_dead: OnDead,
     ) -> Result<Vec<(sql::Position, Claimed)>> {
         // First, so the walk's bound below is what the last claim found.
-        let turn = self.inner.heads.of(&req.topic);
-        let _turn = turn.lock().await;
+        let claimer = self.inner.claimers.of(&req.topic);
+        let mut turn = claimer.lock().await;
         let sparse = || {
             self.inner
                 .sparse
@@ -197,9 +199,30 @@ impl PostgresStore {
         let last_keyless = sparse().get(&req.topic).copied();
         let window = window_for(last_keyless.is_some());
         let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
-        let pool = self.pool_ref();
-        let (claimed, sparse_now) = sql::claim_heads(pool, req, on_dead, window, keyless).await?;
-        if sparse_now {
+        let conn = turn.locked(self.pool_ref()).await?;
+        let heads = match sql::claim_heads(conn, req, on_dead, window, keyless).await {
+            Ok(heads) => heads,
+            Err(e) => {
+                turn.failed();
+                return Err(e);
+            }
+        };
+        match heads.failed {
+            Some(e) => {
+                turn.failed();
+                if heads.claimed.is_empty() {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, topic = %req.topic, "claiming more heads failed; handing out those claimed");
+            }
+            None => {
+                if let Some(claims) = turn.claimed().await {
+                    release_later(Arc::clone(&claimer), claims);
+                }
+            }
+        }
+        drop(turn);
+        if heads.sparse {
             let at = match last_keyless {
                 Some(at) if !keyless => at,
                 _ => started,
@@ -208,7 +231,7 @@ impl PostgresStore {
         } else {
             sparse().remove(&req.topic);
         }
-        Ok(claimed)
+        Ok(heads.claimed)
     }
 
     /// How far the next sequential claim of `topic` walks (see `sparse`).

@@ -6,28 +6,20 @@ use super::{EVENT_COLS, col, db, event_from_row, micros, opt_ts};
 use jiff::Timestamp;
 use mailroom_core::{ClaimRequest, Claimed, FencingToken, OnDead, Result, StoreError};
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool};
 
 /// Advisory-lock class (first half of the two-key form) of a sequential
-/// topic's claim lock, the second half `hashtext(topic)` ([`LOCK_TOPIC`]),
-/// so it never meets the migration lock, `max_running`'s lock or an
-/// application's locks.
-pub(super) const CLAIM_LOCK_CLASS: i32 = 0x6d72_6374; // "mrct"
+/// topic's claim lock, the second half `hashtext(topic)`
+/// (`claimer.rs`), so it never meets the migration lock, `max_running`'s
+/// lock or an application's locks.
+pub(crate) const CLAIM_LOCK_CLASS: i32 = 0x6d72_6374; // "mrct"
 
-/// How long a claim's transaction may sit idle holding its topic's claim
-/// lock before PostgreSQL ends its session (`idle_in_transaction_session_timeout`,
-/// for that transaction only): an instance stopped mid-claim (paused,
-/// cut off) would otherwise stop every instance's claims of the topic
-/// until its connection died. A claim is never idle that long: its
-/// statements follow each other at once.
-pub(super) const CLAIM_IDLE_LIMIT: &str = "10s";
-
-/// Takes sequential topic `$2`'s claim lock (class `$1`), waiting for a
-/// claim of the topic in flight elsewhere to commit, and bounds the
-/// transaction's idle time (`$3`, [`CLAIM_IDLE_LIMIT`]). See [`claim_heads`].
-pub(super) const LOCK_TOPIC: &str =
-    "SELECT set_config('idle_in_transaction_session_timeout', $3, true),
-            pg_advisory_xact_lock($1, hashtext($2))";
+/// How long a session holding a topic's claim lock may sit idle before
+/// PostgreSQL ends it (`idle_session_timeout`, `claimer.rs`): an instance
+/// stopped between two claims (paused, cut off) would otherwise stop
+/// every instance's claims of the topic until its connection died. A
+/// claimer lets go of the lock within milliseconds of its last claim.
+pub(crate) const CLAIM_IDLE_LIMIT: &str = "10s";
 
 /// The other half of the head rule: no event of the key of queue row `e`
 /// runs, one probe of `queue_running`.
@@ -561,17 +553,17 @@ pub(crate) async fn claim_from(
 /// locks alone cannot protect: two transactions could each see "nothing of
 /// key K is running" on their own snapshots and claim two different events
 /// of K (e.g. a replayed earlier event and the next one). So the claims of
-/// a sequential topic take turns. Each runs in a transaction that first
-/// takes the topic's claim lock ([`LOCK_TOPIC`], a transaction-scoped
-/// advisory lock, waited for) in a statement of its own, then claims in
-/// the next ones. Their READ COMMITTED snapshots are taken after the lock
-/// was granted, so they see every claim of the topic that committed before
-/// (a transaction's effects are visible before its locks are released),
-/// and no other claim of the topic commits until this one has.
+/// a sequential topic take turns: `conn` holds the topic's claim lock for
+/// its session (`claimer.rs`, a session-level advisory lock, waited for),
+/// taken before this call, and each statement here commits on its own.
+/// Their READ COMMITTED snapshots are taken after the lock was granted, so
+/// they see every claim of the topic that committed before (the previous
+/// holder's committed before it let go), and no other claim of the topic
+/// commits until the lock is let go.
 ///
 /// Only claims make events `running`, and every claim of a sequential
-/// topic holds its lock until it commits, so two running events of one key
-/// can never coexist, across any number of connections and instances.
+/// topic runs under its lock, so two running events of one key can never
+/// coexist, across any number of connections and instances.
 /// Completions, replays and rescues only make a key less busy and need no
 /// lock. Keyless events are independent; the lock covers them too.
 ///
@@ -581,47 +573,77 @@ pub(crate) async fn claim_from(
 /// finds. It runs again if it promoted scheduled rows its snapshot did not
 /// see. When the bound cut it short of `max` heads, [`HEADS_BY_KEY`] claims
 /// the heads of the other keys, one key at a time, and, when `keyless`,
-/// [`KEYLESS`] the keyless events. Also returns whether the topic's heads
-/// are sparse ([`sparse_heads`]).
+/// [`KEYLESS`] the keyless events.
+///
+/// A statement after the first that fails leaves what the earlier ones
+/// claimed committed and leased: it is handed out rather than left to
+/// lease rescue, with the error beside it (the caller drops the
+/// connection).
 pub(crate) async fn claim_heads(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     req: &ClaimRequest,
     on_dead: OnDead,
     window: i64,
     keyless: bool,
-) -> Result<(Vec<(Position, Claimed)>, bool)> {
-    const CTX: &str = "claiming events";
+) -> Result<Heads> {
     let (walk, by_key) = match on_dead {
         OnDead::Block => (claim_walk!(first_block!()), HEADS_BY_KEY),
         OnDead::Skip => (claim_walk!(first_skip!()), HEADS_BY_KEY_SKIP_DEAD),
     };
-    let mut tx = pool.begin().await.map_err(db(CTX))?;
-    sqlx::query(LOCK_TOPIC)
-        .bind(CLAIM_LOCK_CLASS)
-        .bind(&req.topic)
-        .bind(CLAIM_IDLE_LIMIT)
-        .execute(&mut *tx)
-        .await
-        .map_err(db(CTX))?;
-    let mut walked = walk_and_claim(&mut tx, req, walk, window, req.max).await?;
-    let left = req.max.saturating_sub(len_u32(&walked.claimed));
+    let walked = walk_and_claim(conn, req, walk, window, req.max).await?;
+    let mut heads = Heads {
+        sparse: walked.cut_short && sparse_heads(walked.claimed.len(), req.max, window),
+        claimed: walked.claimed,
+        failed: None,
+    };
+    let mut cut_short = walked.cut_short;
+    let left = req.max.saturating_sub(len_u32(&heads.claimed));
     if walked.promoted && left > 0 {
         // The rows it moved to pending are visible to the next statement.
-        let again = walk_and_claim(&mut tx, req, walk, window, left).await?;
-        walked.claimed.extend(again.claimed);
-        walked.cut_short = again.cut_short;
-    }
-    let mut claimed = walked.claimed;
-    let sparse = walked.cut_short && sparse_heads(claimed.len(), req.max, window);
-    if walked.cut_short {
-        claim_more(&mut tx, by_key, req, &mut claimed).await?;
-        if keyless {
-            claim_more(&mut tx, KEYLESS, req, &mut claimed).await?;
+        match walk_and_claim(conn, req, walk, window, left).await {
+            Ok(again) => {
+                heads.claimed.extend(again.claimed);
+                cut_short = again.cut_short;
+                heads.sparse = cut_short && sparse_heads(heads.claimed.len(), req.max, window);
+            }
+            Err(e) => return Ok(heads.failing(e)),
         }
     }
-    tx.commit().await.map_err(db(CTX))?;
-    claimed.sort_unstable_by_key(|&((priority, seq), _)| claim_order(priority, seq));
-    Ok((claimed, sparse))
+    if cut_short {
+        if let Err(e) = claim_more(conn, by_key, req, &mut heads.claimed).await {
+            return Ok(heads.failing(e));
+        }
+        if keyless {
+            if let Err(e) = claim_more(conn, KEYLESS, req, &mut heads.claimed).await {
+                return Ok(heads.failing(e));
+            }
+        }
+    }
+    Ok(heads.sorted())
+}
+
+/// What [`claim_heads`] claimed.
+#[derive(Debug)]
+pub(crate) struct Heads {
+    /// The claimed events with their positions, in claim order.
+    pub(crate) claimed: Vec<(Position, Claimed)>,
+    /// The topic's heads are sparse ([`sparse_heads`]).
+    pub(crate) sparse: bool,
+    /// A statement after the first failed with this.
+    pub(crate) failed: Option<StoreError>,
+}
+
+impl Heads {
+    fn failing(mut self, e: StoreError) -> Self {
+        self.failed = Some(e);
+        self.sorted()
+    }
+
+    fn sorted(mut self) -> Self {
+        self.claimed
+            .sort_unstable_by_key(|&((priority, seq), _)| claim_order(priority, seq));
+        self
+    }
 }
 
 /// `v.len()` as a `u32` (a claim's length, at most its `max`).
@@ -641,7 +663,7 @@ struct Walked {
 
 /// Runs `sql` ([`claim_walk!`]) for up to `max` heads within `window`.
 async fn walk_and_claim(
-    tx: &mut Transaction<'_, Postgres>,
+    conn: &mut PgConnection,
     req: &ClaimRequest,
     sql: &'static str,
     window: i64,
@@ -654,7 +676,7 @@ async fn walk_and_claim(
         .bind(req.expire_after.map(micros))
         .bind(micros(req.lease))
         .bind(&req.worker)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await
         .map_err(db("claiming events"))?;
     let first = rows
@@ -677,7 +699,7 @@ async fn walk_and_claim(
 /// Past the walk's bound: adds to `claimed` what `sql` ([`HEADS_BY_KEY`] or
 /// [`KEYLESS`]) claims, up to `req.max` in all.
 async fn claim_more(
-    tx: &mut Transaction<'_, Postgres>,
+    conn: &mut PgConnection,
     sql: &'static str,
     req: &ClaimRequest,
     claimed: &mut Vec<(Position, Claimed)>,
@@ -692,7 +714,7 @@ async fn claim_more(
         .bind(req.expire_after.map(micros))
         .bind(micros(req.lease))
         .bind(&req.worker)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await
         .map_err(db("claiming events"))?;
     claimed.extend(claimed_from_rows(&rows)?);
@@ -865,47 +887,6 @@ pub(crate) async fn next_due(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use sqlx::{Connection, PgConnection};
-
-    /// A claim's transaction left idle while it holds its topic's claim
-    /// lock (its instance paused or cut off mid-claim) is ended by
-    /// PostgreSQL after the idle limit, and the lock goes with it: the
-    /// other instances' claims of the topic wait that long at most. Here
-    /// with a limit of 200 ms instead of [`CLAIM_IDLE_LIMIT`].
-    #[tokio::test]
-    async fn a_claim_left_idle_loses_its_topic_lock() {
-        let url = mailroom_testkit::fresh_postgres_db().await;
-        let lock = |conn| {
-            sqlx::query(LOCK_TOPIC)
-                .bind(CLAIM_LOCK_CLASS)
-                .bind("t")
-                .bind("200ms")
-                .execute(conn)
-        };
-        let mut stalled = PgConnection::connect(&url).await.unwrap();
-        let mut tx = stalled.begin().await.unwrap();
-        lock(&mut *tx).await.unwrap();
-
-        let mut other = PgConnection::connect(&url).await.unwrap();
-        let mut waiting = other.begin().await.unwrap();
-        let started = std::time::Instant::now();
-        tokio::time::timeout(std::time::Duration::from_secs(10), lock(&mut *waiting))
-            .await
-            .expect("the idle claim still holds the topic's lock")
-            .unwrap();
-        assert!(
-            started.elapsed() >= std::time::Duration::from_millis(150),
-            "the lock was not held while the claim was idle"
-        );
-        waiting.rollback().await.unwrap();
-        assert!(
-            sqlx::query("SELECT 1").execute(&mut *tx).await.is_err(),
-            "the idle claim's session was not ended"
-        );
-    }
-
     #[test]
     fn heads_are_sparse_when_the_whole_bound_would_not_fill_the_claim() {
         use super::{SEQUENTIAL_WINDOW as FULL, SPARSE_WINDOW as SHORT, sparse_heads};

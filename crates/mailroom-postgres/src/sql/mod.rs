@@ -63,8 +63,8 @@ pub(crate) use admin::{
     cancel, cancel_matching, count_matching, replay, replay_matching, search, skip,
 };
 pub(crate) use claims::{
-    Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from, claim_heads, claim_order, next_due,
-    raise_waiting,
+    CLAIM_IDLE_LIMIT, CLAIM_LOCK_CLASS, Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from,
+    claim_heads, claim_order, next_due, raise_waiting,
 };
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use limits::{
