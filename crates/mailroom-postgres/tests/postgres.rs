@@ -605,6 +605,52 @@ async fn hold_claim_lock(tx: &mut sqlx::PgConnection, topic: &str) {
         .unwrap();
 }
 
+/// A store's claimer lets go of its topic's claim lock within
+/// milliseconds of its last claim (`claimer.rs`): a topic that stopped
+/// claiming keeps no other instance waiting (without the release, this
+/// lock would wait for the claimer's session to be idle 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimer_lets_go_of_its_topic_soon_after_its_last_claim() {
+    let (url, store) = fresh(false).await;
+    store.insert(event("seq", "a1", Some("A"))).await.unwrap();
+    let claimed = store
+        .claim(&claim_req("seq", 10, Some(OnDead::Block)))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), hold_claim_lock(&mut tx, "seq"))
+        .await
+        .expect("the claimer kept its topic's lock after its last claim");
+    tx.rollback().await.unwrap();
+}
+
+/// A claimer whose claims follow each other without pause still lets go
+/// of its topic's lock every `HOLD_MAX` (100 ms): another instance's claim
+/// of the topic gets its turn while this one keeps claiming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimer_claiming_without_pause_still_gives_other_instances_turns() {
+    let (url, store) = fresh(false).await;
+    let busy = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(4) {
+            store
+                .claim(&claim_req("seq", 10, Some(OnDead::Block)))
+                .await
+                .unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), hold_claim_lock(&mut tx, "seq"))
+        .await
+        .expect("a claimer claiming without pause kept its topic's lock");
+    tx.rollback().await.unwrap();
+    busy.await.unwrap();
+}
+
 /// The race the topic's claim lock closes, made deterministic: while
 /// another connection's claim of a key's head (A2) is still uncommitted, an
 /// earlier event of the key (A1) is replayed. On a snapshot taken then, A2
