@@ -216,7 +216,7 @@ impl PostgresStore {
                 tracing::warn!(error = %e, topic = %req.topic, "claiming more heads failed; handing out those claimed");
             }
             None => {
-                if let Some(claims) = turn.claimed().await {
+                if let Some(claims) = turn.claimed(heads.contended).await {
                     release_later(Arc::clone(&claimer), claims);
                 }
             }

@@ -627,8 +627,9 @@ async fn a_claimer_lets_go_of_its_topic_soon_after_its_last_claim() {
 }
 
 /// A claimer whose claims follow each other without pause still lets go
-/// of its topic's lock every `HOLD_MAX` (100 ms): another instance's claim
-/// of the topic gets its turn while this one keeps claiming.
+/// of its topic's lock when a claim sees another session waiting for it,
+/// and every `HOLD_MAX` (100 ms) in any case: another instance's claim of
+/// the topic gets its turn while this one keeps claiming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimer_claiming_without_pause_still_gives_other_instances_turns() {
     let (url, store) = fresh(false).await;
