@@ -36,9 +36,9 @@
 //!   session and the lock with it).
 //!
 //! While it holds the lock its session has an `idle_session_timeout` of
-//! [`CLAIM_IDLE_LIMIT`]: an instance frozen between two claims (paused,
-//! cut off) is ended by the server, and its lock released, as a claim
-//! frozen mid-transaction was by `idle_in_transaction_session_timeout`.
+//! [`CLAIM_IDLE_LIMIT`] (1 s): an instance frozen between two claims
+//! (paused, cut off) is ended by the server, and its lock released, as a
+//! claim frozen mid-transaction was by `idle_in_transaction_session_timeout`.
 //! The connection is outside the store's pool: one per sequential topic
 //! this store claims, kept while the store lives.
 

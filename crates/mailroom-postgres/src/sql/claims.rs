@@ -18,8 +18,11 @@ pub(crate) const CLAIM_LOCK_CLASS: i32 = 0x6d72_6374; // "mrct"
 /// PostgreSQL ends it (`idle_session_timeout`, `claimer.rs`): an instance
 /// stopped between two claims (paused, cut off) would otherwise stop
 /// every instance's claims of the topic until its connection died. A
-/// claimer lets go of the lock within milliseconds of its last claim.
-pub(crate) const CLAIM_IDLE_LIMIT: &str = "10s";
+/// claimer lets go of the lock within milliseconds of its last claim
+/// (`RELEASE_IDLE`, 5 ms), so a second is 200 times what a live one
+/// needs; with 10 s, two instances' deliveries stood still for 10 s when
+/// one was stopped with `SIGSTOP` while it held the lock.
+pub(crate) const CLAIM_IDLE_LIMIT: &str = "1s";
 
 /// The other half of the head rule: no event of the key of queue row `e`
 /// runs, one probe of `queue_running`.
