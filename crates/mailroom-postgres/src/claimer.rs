@@ -1,7 +1,7 @@
 //! The claim lock of a sequential topic, held across its claims.
 //!
 //! Claims of a sequential topic take turns under its claim lock, a
-//! PostgreSQL advisory lock ((`sql::claim_heads`)). Taking it inside each
+//! PostgreSQL advisory lock (`sql::claim_heads`). Taking it inside each
 //! claim's transaction cost four round trips a claim (`BEGIN`, the lock,
 //! the statement, `COMMIT`) where a claim of independent events makes
 //! one. So each store gives each sequential topic it claims a *claimer*:
@@ -45,13 +45,12 @@
 use crate::sql::{CLAIM_IDLE_LIMIT, CLAIM_LOCK_CLASS, db};
 use mailroom_core::Result;
 use sqlx::{PgConnection, PgPool};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a claimer keeps its topic's lock after a claim when no other
-/// claim of the topic follows. A topic loop that drains claims again
-/// within about half a millisecond.
+/// claim of the topic follows (a draining topic loop claims again within
+/// about half a millisecond).
 pub(crate) const RELEASE_IDLE: Duration = Duration::from_millis(5);
 
 /// How long a claimer holds the lock at most before letting go at the end
@@ -73,23 +72,10 @@ const LOCK: &str = "SELECT set_config('idle_session_timeout', $3, false),
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1, hashtext($2)),
                              set_config('idle_session_timeout', '0', false)";
 
-/// The claimers of one store, per sequential topic.
-#[derive(Debug, Default)]
-pub(crate) struct Claimers(Mutex<HashMap<String, Arc<tokio::sync::Mutex<Claimer>>>>);
-
-impl Claimers {
-    /// `topic`'s claimer (lock it to claim: one claim per topic at a time
-    /// in this process, so a crowd of callers holds one connection).
-    pub(crate) fn of(&self, topic: &str) -> Arc<tokio::sync::Mutex<Claimer>> {
-        let mut topics = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        topics
-            .entry(topic.to_owned())
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Claimer::new(topic))))
-            .clone()
-    }
-}
-
-/// A topic's claim connection and whether it holds the topic's lock.
+/// A topic's claim connection and whether it holds the topic's lock; a
+/// store keeps one per sequential topic as that topic's turn (`Turns` in
+/// `store.rs`: one claim per topic at a time in this process, so a crowd
+/// of callers holds one connection).
 #[derive(Debug)]
 pub(crate) struct Claimer {
     topic: String,
@@ -103,7 +89,7 @@ pub(crate) struct Claimer {
 }
 
 impl Claimer {
-    fn new(topic: &str) -> Self {
+    pub(crate) fn new(topic: &str) -> Self {
         Self {
             topic: topic.to_owned(),
             conn: None,
@@ -117,27 +103,27 @@ impl Claimer {
     /// (taken out of it) if there is none, the lock taken if not held.
     pub(crate) async fn locked(&mut self, pool: &PgPool) -> Result<&mut PgConnection> {
         const CTX: &str = "taking a sequential topic's claim lock";
-        if self.conn.is_none() {
-            let conn = pool.acquire().await.map_err(db(CTX))?;
-            self.conn = Some(conn.detach());
-            self.held_since = None;
-        }
+        // Taken out while it is used: dropped, not put back, if taking the
+        // lock fails (or the call is dropped while it waits).
+        let mut conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => {
+                self.held_since = None;
+                pool.acquire().await.map_err(db(CTX))?.detach()
+            }
+        };
         if self.held_since.is_none() {
-            let conn = self.conn.as_mut().expect("set above");
-            let taken = sqlx::query(LOCK)
+            sqlx::query(LOCK)
                 .bind(CLAIM_LOCK_CLASS)
                 .bind(&self.topic)
                 .bind(CLAIM_IDLE_LIMIT)
-                .execute(&mut *conn)
-                .await;
-            if let Err(e) = taken {
-                self.conn = None;
-                return Err(db(CTX)(e));
-            }
+                .execute(&mut conn)
+                .await
+                .map_err(db(CTX))?;
             self.held_since = Some(Instant::now());
         }
         self.claims = self.claims.wrapping_add(1);
-        Ok(self.conn.as_mut().expect("set above"))
+        Ok(self.conn.insert(conn))
     }
 
     /// After a claim that failed on the connection: drops it, which ends

@@ -1,6 +1,6 @@
 //! [`PostgresStore`]: the [`Store`] trait over one PostgreSQL database.
 
-use crate::claimer::{Claimers, release_later};
+use crate::claimer::{Claimer, release_later};
 use crate::completer::Completer;
 use crate::floor::{Floors, RESCAN};
 use crate::options::PostgresOptions;
@@ -71,7 +71,7 @@ struct Inner {
     /// claim lock across claims (`claimer.rs`); one claim per topic at a
     /// time in this process, so waiting for the lock holds one connection,
     /// not one per caller (a crowd of pull workers).
-    claimers: Claimers,
+    claimers: Turns<Claimer>,
     /// When each topic's claims last raised the events that waited
     /// `max_wait_for_priority` ([`sql::raise_waiting`]).
     raised: Mutex<HashMap<String, Instant>>,
@@ -148,7 +148,7 @@ impl PostgresStore {
                 vacuum,
                 sparse: Mutex::default(),
                 limited: Turns::default(),
-                claimers: Claimers::default(),
+                claimers: Turns::default(),
                 raised: Mutex::default(),
             }),
         })
@@ -187,7 +187,10 @@ impl PostgresStore {
         on_dead: OnDead,
     ) -> Result<Vec<(sql::Position, Claimed)>> {
         // First, so the walk's bound below is what the last claim found.
-        let claimer = self.inner.claimers.of(&req.topic);
+        let claimer = self
+            .inner
+            .claimers
+            .of_with(&req.topic, || Claimer::new(&req.topic));
         let mut turn = claimer.lock().await;
         let sparse = || {
             self.inner
@@ -316,14 +319,37 @@ impl PostgresStore {
 
 /// One turn per topic at a time within this process: a caller waits
 /// here, holding no pool connection, rather than at a database lock.
-#[derive(Debug, Default)]
-struct Turns(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+/// A turn may carry state of its own (`T`), kept from one turn to the next
+/// (a sequential topic's claimer, `claimer.rs`).
+#[derive(Debug)]
+pub(crate) struct Turns<T = ()>(Mutex<HashMap<String, Arc<tokio::sync::Mutex<T>>>>);
+
+impl<T> Default for Turns<T> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<T> Turns<T> {
+    /// `topic`'s turn (lock it to take it), its state made by `new` the
+    /// first time.
+    pub(crate) fn of_with(
+        &self,
+        topic: &str,
+        new: impl FnOnce() -> T,
+    ) -> Arc<tokio::sync::Mutex<T>> {
+        let mut turns = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        turns
+            .entry(topic.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(new())))
+            .clone()
+    }
+}
 
 impl Turns {
     /// `topic`'s turn (lock it to take it).
     fn of(&self, topic: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut turns = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        turns.entry(topic.to_owned()).or_default().clone()
+        self.of_with(topic, || ())
     }
 }
 
