@@ -7,7 +7,9 @@
 # "stop what is recorded there, then rm -rf it":
 #
 #   $MR_STATE/
-#     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_AMQP_URL)
+#     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_AMQP_URL,
+#                       MAILROOM_TEST_TLS_DIR)
+#     tls/              the test CA and certificates (mr_tls_certs)
 #     pg/data           PostgreSQL cluster (owned by `postgres` when run as root);
 #                       its unix socket lives here too
 #     pg/server.log     PostgreSQL server log
@@ -166,6 +168,57 @@ mr_state_init() {
     if mr_is_root; then chown "$user": "$MR_STATE/$service"; fi
     chmod 0700 "$MR_STATE/$service"
   done
+}
+
+# ------------------------------------------------------------ certificates --
+
+# Makes the tests' certificates with openssl in $MR_STATE/tls. Everything
+# there is world-readable: a server copies the key it serves into a
+# directory of its own, owned by its account (PostgreSQL refuses a key that
+# others can read).
+#   ca.pem ca.key            the test CA that tests trust
+#   other-ca.pem             an unrelated CA (the "wrong CA" of negative tests)
+#   server.pem server.key    localhost, 127.0.0.1 and ::1, signed by ca, 2 days
+#   expired.pem expired.key  the same names, signed by ca, expired in 2020
+#   client.pem client.key    CN=mailroom, a client certificate signed by ca
+# Sets MR_TLS_DIR (exported as MAILROOM_TEST_TLS_DIR by mr_write_env).
+mr_tls_certs() {
+  local d="$MR_STATE/tls" start
+  start="$(mr_now)"
+  command -v openssl >/dev/null 2>&1 || mr_apt_install openssl
+  mkdir -p "$d/ca-db"
+  (
+    set -e
+    cd "$d"
+    exec >openssl.log 2>&1
+    for ca in ca other-ca; do
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3 -subj "/CN=mailroom test $ca" \
+        -keyout "$ca.key" -out "$ca.pem" -addext basicConstraints=critical,CA:TRUE \
+        -addext keyUsage=critical,keyCertSign,cRLSign
+    done
+    printf '%s\n' 'subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1' \
+      'extendedKeyUsage=serverAuth' 'basicConstraints=CA:FALSE' >server.ext
+    printf '%s\n' 'extendedKeyUsage=clientAuth' 'basicConstraints=CA:FALSE' >client.ext
+    for leaf in server:localhost client:mailroom; do
+      openssl req -new -newkey rsa:2048 -nodes -subj "/CN=${leaf#*:}" \
+        -keyout "${leaf%%:*}.key" -out "${leaf%%:*}.csr"
+      openssl x509 -req -in "${leaf%%:*}.csr" -CA ca.pem -CAkey ca.key -CAcreateserial \
+        -days 2 -extfile "${leaf%%:*}.ext" -out "${leaf%%:*}.pem"
+    done
+    # An expired certificate needs explicit dates, which `openssl ca` takes.
+    : >ca-db/index.txt
+    echo 1000 >ca-db/serial
+    printf '%s\n' '[ca]' 'default_ca = test' '[test]' 'database = ca-db/index.txt' \
+      'serial = ca-db/serial' 'new_certs_dir = ca-db' 'default_md = sha256' \
+      'policy = any' '[any]' 'commonName = supplied' >ca.cnf
+    openssl req -new -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout expired.key -out expired.csr
+    openssl ca -batch -notext -config ca.cnf -cert ca.pem -keyfile ca.key -in expired.csr \
+      -startdate 20200101000000Z -enddate 20200102000000Z -extfile server.ext -out expired.pem
+    chmod 0755 .
+    chmod 0644 ./*.pem ./*.key
+  ) || { mr_tail "$d/openssl.log"; mr_die "making the test certificates failed"; }
+  MR_TLS_DIR="$d"
+  mr_log "TLS: test CA and certificates in $d ($(mr_since "$start"))"
 }
 
 # -------------------------------------------------------------- PostgreSQL --
@@ -386,6 +439,7 @@ mr_write_env() {
   {
     echo "export MAILROOM_TEST_POSTGRES_URL='$MR_PG_URL'"
     echo "export MAILROOM_TEST_AMQP_URL='$MR_AMQP_URL'"
+    echo "export MAILROOM_TEST_TLS_DIR='$MR_TLS_DIR'"
   } >"$MR_STATE/env"
 }
 
@@ -393,6 +447,7 @@ mr_services_up() {
   # $1: state dir. Sets MR_PG_URL, MR_AMQP_URL and writes $1/env.
   mr_ensure_packages   # first: it creates the postgres/rabbitmq users
   mr_state_init "$1"
+  mr_tls_certs
   mr_pg_start
   mr_rabbit_start
   mr_write_env
