@@ -33,7 +33,10 @@
 //! - at the end of a claim once it held the lock for [`HOLD_MAX`], should
 //!   a waiter go unseen;
 //! - when its connection fails (the claimer drops it; the server ends the
-//!   session and the lock with it).
+//!   session and the lock with it), or a claim on it was cut off by its
+//!   time limit (a frozen network: the next claim finds the connection
+//!   still marked in use and drops it), or letting go does not finish
+//!   within [`PING_LIMIT`](crate::timeouts::PING_LIMIT).
 //!
 //! While it holds the lock its session has an `idle_session_timeout` of
 //! [`CLAIM_IDLE_LIMIT`] (1 s): an instance frozen between two claims
@@ -43,6 +46,7 @@
 //! this store claims, kept while the store lives.
 
 use crate::sql::{CLAIM_IDLE_LIMIT, CLAIM_LOCK_CLASS, db};
+use crate::timeouts::PING_LIMIT;
 use mailroom_core::Result;
 use sqlx::{PgConnection, PgPool};
 use std::sync::Arc;
@@ -86,6 +90,11 @@ pub(crate) struct Claimer {
     claims: u64,
     /// When a claim last saw another session waiting for the lock.
     contended_at: Option<Instant>,
+    /// A claim took the connection and has not reported back
+    /// ([`Claimer::claimed`] or [`Claimer::failed`]): if the next claim
+    /// finds this set, the last one was dropped midway (cut off by its
+    /// time limit) and the connection may be mid-statement or frozen.
+    in_use: bool,
 }
 
 impl Claimer {
@@ -96,6 +105,7 @@ impl Claimer {
             held_since: None,
             claims: 0,
             contended_at: None,
+            in_use: false,
         }
     }
 
@@ -103,6 +113,10 @@ impl Claimer {
     /// (taken out of it) if there is none, the lock taken if not held.
     pub(crate) async fn locked(&mut self, pool: &PgPool) -> Result<&mut PgConnection> {
         const CTX: &str = "taking a sequential topic's claim lock";
+        if self.in_use {
+            tracing::debug!(topic = %self.topic, "the last claim was cut off; dropping its connection");
+            self.failed();
+        }
         // Taken out while it is used: dropped, not put back, if taking the
         // lock fails (or the call is dropped while it waits).
         let mut conn = match self.conn.take() {
@@ -123,6 +137,7 @@ impl Claimer {
             self.held_since = Some(Instant::now());
         }
         self.claims = self.claims.wrapping_add(1);
+        self.in_use = true;
         Ok(self.conn.insert(conn))
     }
 
@@ -131,12 +146,14 @@ impl Claimer {
     pub(crate) fn failed(&mut self) {
         self.conn = None;
         self.held_since = None;
+        self.in_use = false;
     }
 
     /// After a claim: lets go of the lock if another session waits for it
     /// (`contended`) or it was held for [`HOLD_MAX`]; otherwise returns the
     /// claim's number for [`release_later`].
     pub(crate) async fn claimed(&mut self, contended: bool) -> Option<u64> {
+        self.in_use = false;
         let held_since = self.held_since?;
         let now = Instant::now();
         if contended {
@@ -152,7 +169,9 @@ impl Claimer {
         Some(self.claims)
     }
 
-    /// Lets go of the lock, if held; drops the connection if that fails.
+    /// Lets go of the lock, if held; drops the connection if that fails or
+    /// takes longer than [`PING_LIMIT`] (a frozen connection must not keep
+    /// the topic's turn, which claims wait for).
     async fn release(&mut self) {
         if self.held_since.take().is_none() {
             return;
@@ -160,11 +179,14 @@ impl Claimer {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
-        let released = sqlx::query(UNLOCK)
+        let unlock = sqlx::query(UNLOCK)
             .bind(CLAIM_LOCK_CLASS)
             .bind(&self.topic)
-            .execute(conn)
-            .await;
+            .execute(conn);
+        let released = match tokio::time::timeout(PING_LIMIT, unlock).await {
+            Ok(released) => released.map(drop).map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {} s", PING_LIMIT.as_secs())),
+        };
         if let Err(e) = released {
             tracing::debug!(error = %e, topic = %self.topic, "releasing a claim lock failed; dropping its connection");
             self.conn = None;

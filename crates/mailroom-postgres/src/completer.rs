@@ -16,6 +16,7 @@
 //! recorded), which is the backpressure the queue is there for.
 
 use crate::sql::complete_many;
+use crate::timeouts::{DATA_LIMIT, bounded};
 use mailroom_core::{Completion, EventId, FencingToken, Result, StoreError};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
@@ -82,7 +83,15 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
             .iter()
             .map(|job| (job.id, job.token, &job.completion))
             .collect();
-        match complete_many(&pool, &items).await {
+        // Past the limit the group's outcome is unknown: each caller is
+        // told it failed and tries again, and a retry of one that did
+        // commit finds its token stale.
+        let recorded = bounded(
+            DATA_LIMIT,
+            "committing completions",
+            complete_many(&pool, &items),
+        );
+        match recorded.await {
             Ok(answers) => {
                 for (job, answer) in batch.drain(..).zip(answers) {
                     // The caller may have gone away; nothing to do then.
@@ -90,7 +99,7 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, jobs = batch.len(), "completion group failed; nothing in it was committed");
+                tracing::warn!(error = %e, jobs = batch.len(), "completion group failed");
                 let why = e.to_string();
                 for job in batch.drain(..) {
                     let _ = job.reply.send(Err(StoreError::Unavailable(why.clone())));

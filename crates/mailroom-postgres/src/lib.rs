@@ -20,6 +20,8 @@
 //!   an application's own transaction (SPEC §6).
 //! - `listen`: `LISTEN mailroom_events`, re-broadcast to
 //!   [`PostgresStore::subscribe`] receivers so idle dispatchers wake up.
+//! - `timeouts`: how long every operation waits for the database, the
+//!   pool's bounded health checks, and the server-side session bounds.
 //! - [`PostgresOptions`]: pool size, group commit, queue bounds, from a
 //!   `postgres://` URL.
 //!
@@ -35,6 +37,7 @@ pub mod outbox;
 mod schema;
 mod sql;
 mod store;
+mod timeouts;
 mod vacuum;
 mod writer;
 

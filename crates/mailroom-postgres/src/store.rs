@@ -5,6 +5,7 @@ use crate::completer::Completer;
 use crate::floor::{Floors, RESCAN};
 use crate::options::PostgresOptions;
 use crate::sql::{self, db};
+use crate::timeouts::{ADMIN_LIMIT, DATA_LIMIT, LONG_LIMIT, bounded};
 use crate::vacuum::QueueVacuum;
 use crate::writer::Writer;
 use jiff::Timestamp;
@@ -98,6 +99,7 @@ impl PostgresStore {
             .connect
             .clone()
             .options([("synchronous_commit", "on")])
+            .options(crate::timeouts::session_settings())
             .application_name("mailroom");
         let pool = PgPoolOptions::new()
             .max_connections(opts.pool_size)
@@ -117,11 +119,13 @@ impl PostgresStore {
                     if meta.idle_for < UNPINGED_WITHIN && CLAIMING.try_with(|()| ()).is_ok() {
                         return Ok(true);
                     }
-                    // A connection that fails its ping is closed and
-                    // another one handed out (or opened).
-                    Ok(sqlx::Connection::ping(conn).await.is_ok())
+                    // A connection that fails its ping, or does not
+                    // answer it in time, is closed and another one handed
+                    // out (or opened).
+                    Ok(crate::timeouts::answers(conn).await)
                 })
             })
+            .after_release(crate::timeouts::after_release)
             .connect_with(connect.clone())
             .await
             .map_err(db("connecting"))?;
@@ -247,6 +251,69 @@ impl PostgresStore {
         window_for(sparse.contains_key(topic))
     }
 
+    /// One claim within limits ([`Store::claim_limited`], which bounds
+    /// it in time).
+    async fn claim_within(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
+        const CTX: &str = "claiming within limits";
+        let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
+        let turn = self.inner.limited.of(&req.topic);
+        let _turn = turn.lock().await;
+        let mut tx = self.pool_ref().begin().await.map_err(db(CTX))?;
+        let room = match limits.max_running {
+            Some(max) => {
+                max.saturating_sub(sql::lock_and_count_running(&mut tx, &req.topic).await?)
+            }
+            None => want,
+        };
+        let capped = room < want;
+        if room == 0 || want == 0 {
+            tx.commit().await.map_err(db(CTX))?;
+            let claimed = Vec::new();
+            return Ok(LimitedClaim::Claimed {
+                claimed,
+                asked: want,
+                capped,
+            });
+        }
+        let asked = match limits.rate {
+            Some(rate) => {
+                let grant = sql::take_tokens(&mut tx, &req.topic, rate, want.min(room)).await?;
+                if grant.granted == 0 {
+                    tx.commit().await.map_err(db(CTX))?;
+                    return Ok(LimitedClaim::Wait(grant.wait));
+                }
+                grant.granted
+            }
+            None => want.min(room),
+        };
+        let claimed = self
+            .claim(&ClaimRequest {
+                max: asked,
+                ..req.clone()
+            })
+            .await?;
+        if let Some(rate) = limits.rate {
+            let used = u32::try_from(claimed.len()).unwrap_or(asked);
+            let at = claimed.iter().map(|c| c.lease_until).min().map(|until| {
+                Timestamp::from_microsecond(until.as_microsecond() - sql::micros(req.lease))
+                    .unwrap_or(until)
+            });
+            // The claim is committed: a failure here leaves its events
+            // claimed, and the budget as it was before the take.
+            if let Err(e) = sql::settle_tokens(&mut tx, &req.topic, rate, asked, used, at).await {
+                tracing::warn!(error = %e, topic = %req.topic, "spending rate tokens failed");
+            }
+        }
+        if let Err(e) = tx.commit().await {
+            tracing::warn!(error = %e, topic = %req.topic, "ending a limited claim's transaction failed");
+        }
+        Ok(LimitedClaim::Claimed {
+            claimed,
+            asked,
+            capped,
+        })
+    }
+
     /// One claim ([`Store::claim`]).
     async fn claim_once(&self, req: &ClaimRequest) -> Result<Vec<Claimed>> {
         self.raise_waiting(req).await?;
@@ -365,7 +432,12 @@ fn window_for(sparse: bool) -> i64 {
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn migrate(&self) -> Result<()> {
-        crate::schema::migrate(self.pool_ref()).await
+        bounded(
+            LONG_LIMIT,
+            "migrating",
+            crate::schema::migrate(self.pool_ref()),
+        )
+        .await
     }
 
     async fn insert(&self, event: NewEvent) -> Result<Inserted> {
@@ -390,13 +462,16 @@ impl Store for PostgresStore {
         if req.max == 0 {
             return Ok(Vec::new());
         }
-        let claimed = match CLAIMING.scope((), self.claim_once(req)).await {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                tracing::debug!(error = %e, topic = %req.topic, "claim failed; trying again on pinged connections");
-                self.claim_once(req).await?
+        let claim = async {
+            match CLAIMING.scope((), self.claim_once(req)).await {
+                Ok(claimed) => Ok(claimed),
+                Err(e) => {
+                    tracing::debug!(error = %e, topic = %req.topic, "claim failed; trying again on pinged connections");
+                    self.claim_once(req).await
+                }
             }
         };
+        let claimed = bounded(DATA_LIMIT, "claiming", claim).await?;
         self.inner.vacuum.claimed(claimed.len());
         Ok(claimed)
     }
@@ -409,20 +484,42 @@ impl Store for PostgresStore {
     ) -> Result<()> {
         match &self.inner.completer {
             Some(completer) => completer.complete(id, token, completion).await,
-            None => sql::complete(self.pool_ref(), id, token, &completion).await,
+            None => {
+                bounded(
+                    DATA_LIMIT,
+                    "completing",
+                    sql::complete(self.pool_ref(), id, token, &completion),
+                )
+                .await
+            }
         }
     }
 
     async fn extend(&self, id: EventId, token: FencingToken, lease: Duration) -> Result<Timestamp> {
-        sql::extend(self.pool_ref(), id, token, lease).await
+        bounded(
+            DATA_LIMIT,
+            "extending a lease",
+            sql::extend(self.pool_ref(), id, token, lease),
+        )
+        .await
     }
 
     async fn rescue_expired(&self) -> Result<u64> {
-        sql::rescue_expired(self.pool_ref()).await
+        bounded(
+            ADMIN_LIMIT,
+            "rescuing expired leases",
+            sql::rescue_expired(self.pool_ref()),
+        )
+        .await
     }
 
     async fn fold_counters(&self) -> Result<()> {
-        sql::fold_counters(self.pool_ref()).await
+        bounded(
+            ADMIN_LIMIT,
+            "folding counters",
+            sql::fold_counters(self.pool_ref()),
+        )
+        .await
     }
 
     /// One transaction per claim, which ends only after the claim
@@ -435,136 +532,164 @@ impl Store for PostgresStore {
     /// midway, the transaction rolls back and the locks go with it (and the
     /// tokens return to the budget).
     async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
-        const CTX: &str = "claiming within limits";
-        let want = limits.rate.map_or(req.max, |r| req.max.min(r.grant()));
-        let turn = self.inner.limited.of(&req.topic);
-        let _turn = turn.lock().await;
-        let mut tx = self.pool_ref().begin().await.map_err(db(CTX))?;
-        let room = match limits.max_running {
-            Some(max) => {
-                max.saturating_sub(sql::lock_and_count_running(&mut tx, &req.topic).await?)
-            }
-            None => want,
-        };
-        let capped = room < want;
-        if room == 0 || want == 0 {
-            tx.commit().await.map_err(db(CTX))?;
-            let claimed = Vec::new();
-            return Ok(LimitedClaim::Claimed {
-                claimed,
-                asked: want,
-                capped,
-            });
-        }
-        let asked = match limits.rate {
-            Some(rate) => {
-                let grant = sql::take_tokens(&mut tx, &req.topic, rate, want.min(room)).await?;
-                if grant.granted == 0 {
-                    tx.commit().await.map_err(db(CTX))?;
-                    return Ok(LimitedClaim::Wait(grant.wait));
-                }
-                grant.granted
-            }
-            None => want.min(room),
-        };
-        let claimed = self
-            .claim(&ClaimRequest {
-                max: asked,
-                ..req.clone()
-            })
-            .await?;
-        if let Some(rate) = limits.rate {
-            let used = u32::try_from(claimed.len()).unwrap_or(asked);
-            let at = claimed.iter().map(|c| c.lease_until).min().map(|until| {
-                Timestamp::from_microsecond(until.as_microsecond() - sql::micros(req.lease))
-                    .unwrap_or(until)
-            });
-            // The claim is committed: a failure here leaves its events
-            // claimed, and the budget as it was before the take.
-            if let Err(e) = sql::settle_tokens(&mut tx, &req.topic, rate, asked, used, at).await {
-                tracing::warn!(error = %e, topic = %req.topic, "spending rate tokens failed");
-            }
-        }
-        if let Err(e) = tx.commit().await {
-            tracing::warn!(error = %e, topic = %req.topic, "ending a limited claim's transaction failed");
-        }
-        Ok(LimitedClaim::Claimed {
-            claimed,
-            asked,
-            capped,
-        })
+        bounded(
+            DATA_LIMIT,
+            "claiming within limits",
+            self.claim_within(req, limits),
+        )
+        .await
     }
 
     async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp> {
-        sql::pause_topic(self.pool_ref(), topic, pause).await
+        bounded(
+            DATA_LIMIT,
+            "pausing a topic",
+            sql::pause_topic(self.pool_ref(), topic, pause),
+        )
+        .await
     }
 
     async fn paused_for(&self, topic: &str) -> Result<Option<Duration>> {
-        sql::paused_for(self.pool_ref(), topic).await
+        bounded(
+            DATA_LIMIT,
+            "reading a topic's pause",
+            sql::paused_for(self.pool_ref(), topic),
+        )
+        .await
     }
 
     async fn expire(&self, topic: &str, expire_after: Duration, limit: u32) -> Result<u64> {
-        sql::expire(self.pool_ref(), topic, expire_after, limit).await
+        bounded(
+            ADMIN_LIMIT,
+            "expiring events",
+            sql::expire(self.pool_ref(), topic, expire_after, limit),
+        )
+        .await
     }
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {
-        sql::next_due(self.pool_ref(), req, self.walk_window(&req.topic)).await
+        bounded(
+            DATA_LIMIT,
+            "finding the next due time",
+            sql::next_due(self.pool_ref(), req, self.walk_window(&req.topic)),
+        )
+        .await
     }
 
     async fn get(&self, id: EventId) -> Result<Option<Event>> {
-        sql::get(self.pool_ref(), id).await
+        bounded(
+            DATA_LIMIT,
+            "reading an event",
+            sql::get(self.pool_ref(), id),
+        )
+        .await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Page> {
-        sql::list(self.pool_ref(), filter).await
+        bounded(
+            ADMIN_LIMIT,
+            "listing events",
+            sql::list(self.pool_ref(), filter),
+        )
+        .await
     }
 
     async fn replay(&self, id: EventId, budget: u32) -> Result<Event> {
-        sql::replay(self.pool_ref(), id, budget).await
+        bounded(
+            ADMIN_LIMIT,
+            "replaying an event",
+            sql::replay(self.pool_ref(), id, budget),
+        )
+        .await
     }
 
     async fn replay_matching(&self, filter: &ListFilter, budget: u32) -> Result<ReplayReport> {
-        sql::replay_matching(self.pool_ref(), filter, budget).await
+        bounded(
+            LONG_LIMIT,
+            "replaying events",
+            sql::replay_matching(self.pool_ref(), filter, budget),
+        )
+        .await
     }
 
     async fn skip(&self, id: EventId) -> Result<Event> {
-        sql::skip(self.pool_ref(), id).await
+        bounded(
+            ADMIN_LIMIT,
+            "skipping an event",
+            sql::skip(self.pool_ref(), id),
+        )
+        .await
     }
 
     async fn cancel(&self, id: EventId) -> Result<Event> {
-        sql::cancel(self.pool_ref(), id).await
+        bounded(
+            ADMIN_LIMIT,
+            "cancelling an event",
+            sql::cancel(self.pool_ref(), id),
+        )
+        .await
     }
 
     async fn cancel_matching(&self, filter: &ListFilter) -> Result<u64> {
-        sql::cancel_matching(self.pool_ref(), filter).await
+        bounded(
+            LONG_LIMIT,
+            "cancelling events",
+            sql::cancel_matching(self.pool_ref(), filter),
+        )
+        .await
     }
 
     async fn attempt_window(&self, window: Duration) -> Result<Vec<AttemptWindow>> {
-        sql::attempt_window(self.pool_ref(), window).await
+        bounded(
+            ADMIN_LIMIT,
+            "reading attempts",
+            sql::attempt_window(self.pool_ref(), window),
+        )
+        .await
     }
 
     async fn search(&self, search: &EventSearch) -> Result<Page> {
-        sql::search(self.pool_ref(), search).await
+        bounded(
+            ADMIN_LIMIT,
+            "searching events",
+            sql::search(self.pool_ref(), search),
+        )
+        .await
     }
 
     async fn count(&self, search: &EventSearch) -> Result<u64> {
-        sql::count_matching(self.pool_ref(), search).await
+        bounded(
+            ADMIN_LIMIT,
+            "counting events",
+            sql::count_matching(self.pool_ref(), search),
+        )
+        .await
     }
 
     async fn throughput(&self, window: Duration) -> Result<Vec<Throughput>> {
-        sql::throughput(self.pool_ref(), window).await
+        bounded(
+            ADMIN_LIMIT,
+            "reading throughput",
+            sql::throughput(self.pool_ref(), window),
+        )
+        .await
     }
 
     async fn stats(&self) -> Result<Vec<TopicStats>> {
-        sql::stats(self.pool_ref()).await
+        bounded(ADMIN_LIMIT, "reading stats", sql::stats(self.pool_ref())).await
     }
 
     async fn purge(&self, retention: Retention) -> Result<PurgeReport> {
-        sql::purge(self.pool_ref(), retention).await
+        bounded(
+            LONG_LIMIT,
+            "applying retention",
+            sql::purge(self.pool_ref(), retention),
+        )
+        .await
     }
 
     async fn now(&self) -> Result<Timestamp> {
-        sql::now(self.pool_ref()).await
+        bounded(DATA_LIMIT, "reading the clock", sql::now(self.pool_ref())).await
     }
 
     /// The topics `LISTEN mailroom_events` reports, from every instance and
@@ -585,7 +710,12 @@ impl Store for PostgresStore {
     }
 
     async fn try_lead(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
-        sql::try_lead(self.pool_ref(), role, holder, ttl).await
+        bounded(
+            ADMIN_LIMIT,
+            "electing a leader",
+            sql::try_lead(self.pool_ref(), role, holder, ttl),
+        )
+        .await
     }
 }
 

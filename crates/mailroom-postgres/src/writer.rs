@@ -11,7 +11,8 @@
 //! [`StoreError::Unavailable`]. The statement, and how it tells duplicates
 //! apart, is [`sql::insert_batch`](crate::sql::insert_batch).
 
-use crate::sql::insert_batch;
+use crate::sql;
+use crate::timeouts::{DATA_LIMIT, bounded};
 use mailroom_core::{Inserted, NewEvent, Result, StoreError};
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -100,6 +101,19 @@ pub(crate) fn take_queued<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, gro
 /// instead of each waiting out the pool's acquire timeout in turn (senders get
 /// a prompt 503 and retry); then the next group probes it again.
 const FAIL_FAST: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One group's transaction, within [`DATA_LIMIT`]. Past it the outcome is
+/// unknown (the commit may have reached the server): the callers are told
+/// the store is unavailable, so their events are not acknowledged, and
+/// their senders' retries are deduplicated against whatever did commit.
+async fn insert_batch(pool: &PgPool, events: &[&NewEvent]) -> Result<Vec<Inserted>> {
+    bounded(
+        DATA_LIMIT,
+        "committing inserts",
+        sql::insert_batch(pool, events),
+    )
+    .await
+}
 
 async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: Arc<AtomicU64>) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);

@@ -13,6 +13,8 @@
 //! A test that must stop or crash-restart PostgreSQL uses a
 //! [`PrivatePostgres`] cluster of its own instead, never the shared server;
 //! one that must stop and start RabbitMQ uses a [`PrivateRabbit`] node.
+//! A test of a frozen network (packets held or dropped, connections left
+//! open) puts a [`FreezeProxy`] between the client and the server.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -25,8 +27,10 @@
 
 use sqlx::Connection as _;
 
+mod freeze;
 mod private_pg;
 mod private_rabbit;
+pub use freeze::{Freeze, FreezeProxy};
 pub use private_pg::PrivatePostgres;
 pub use private_rabbit::PrivateRabbit;
 
