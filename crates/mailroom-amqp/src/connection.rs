@@ -29,6 +29,35 @@ const RECONNECT: (Duration, Duration) = (Duration::from_millis(200), Duration::f
 /// broker that does not answer must not hold a shutdown.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
+/// The AMQP heartbeat asked for when the URL names none (`?heartbeat=`):
+/// 5 s, so a connection whose broker went silent (a frozen network: no
+/// RST, no error) is declared dead by lapin after two intervals, 10 s,
+/// and reconnected; the broker's default, 60 s, would leave it for 2
+/// minutes. RabbitMQ advises against less than 5 s (false alarms on a
+/// busy host).
+pub const HEARTBEAT_SECS: u16 = 5;
+
+/// How long connecting (TCP, TLS and the AMQP handshake) may take: a
+/// broker that accepts TCP but never answers (a frozen path) must not
+/// hold a reconnection; the next attempt follows the backoff.
+pub const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long setting a connection up (declaring the topology, opening the
+/// handlers' and sources' channels) may take before it is given up and
+/// tried again.
+pub const SET_UP_LIMIT: Duration = Duration::from_secs(10);
+
+/// `url` with `heartbeat=`[`HEARTBEAT_SECS`] added to its query, unless it
+/// names a heartbeat itself.
+pub fn with_heartbeat(url: &str) -> String {
+    let query = url.split_once('?').map(|(_, q)| q);
+    if query.is_some_and(|q| q.split('&').any(|kv| kv.starts_with("heartbeat="))) {
+        return url.to_owned();
+    }
+    let sep = if query.is_some() { '&' } else { '?' };
+    format!("{url}{sep}heartbeat={HEARTBEAT_SECS}")
+}
+
 /// Connects to `url`, declares `topology` once and closes the connection:
 /// `mailroom amqp declare`, and `serve`'s check before it starts (a
 /// conflicting queue is [`AmqpError::Inequivalent`]).
@@ -165,17 +194,24 @@ impl AmqpConnection {
     /// Every wait for the broker ends at `shutdown` or within a bound: a
     /// broker that accepts TCP but never answers must not hold a SIGTERM.
     async fn session(&self, shutdown: &CancellationToken, failures: &mut u32) -> Result<()> {
-        let connecting = Connection::connect(&self.url, ConnectionProperties::default());
+        let url = with_heartbeat(&self.url);
+        let connecting = Connection::connect(&url, ConnectionProperties::default());
         let conn = tokio::select! {
-            conn = connecting => conn.map_err(|e| AmqpError::broker("connecting", e))?,
+            conn = tokio::time::timeout(CONNECT_LIMIT, connecting) => match conn {
+                Ok(conn) => conn.map_err(|e| AmqpError::broker("connecting", e))?,
+                Err(_) => return Err(no_answer("connecting", CONNECT_LIMIT)),
+            },
             () = shutdown.cancelled() => return Ok(()),
         };
         let mut events = conn.events_listener();
         let stop = shutdown.child_token();
         let sources_stop = linked(&stop, &self.intake);
         let mut consumers = JoinSet::new();
+        let setting_up = self.set_up(&conn, &sources_stop, &mut consumers);
         let set_up = tokio::select! {
-            set_up = self.set_up(&conn, &sources_stop, &mut consumers) => Some(set_up),
+            set_up = tokio::time::timeout(SET_UP_LIMIT, setting_up) => Some(
+                set_up.unwrap_or_else(|_| Err(no_answer("setting the connection up", SET_UP_LIMIT)))
+            ),
             () = stop.cancelled() => None,
         };
         let ended = match set_up {
@@ -265,6 +301,14 @@ async fn watch(
     }
 }
 
+/// The error of a broker that did not answer `action` within `limit`.
+fn no_answer(action: &str, limit: Duration) -> AmqpError {
+    AmqpError::NoAnswer {
+        action: action.into(),
+        limit,
+    }
+}
+
 async fn open_channel(conn: &Connection) -> Result<lapin::Channel> {
     conn.create_channel()
         .await
@@ -300,6 +344,24 @@ mod tests {
             "amqp://rabbit:5672/%2f"
         );
         assert_eq!(redact("amqp://rabbit/%2f"), "amqp://rabbit/%2f");
+    }
+
+    /// A URL without a heartbeat gets mailroom's; one that names its own
+    /// keeps it.
+    #[test]
+    fn a_heartbeat_is_asked_for_unless_the_url_names_one() {
+        assert_eq!(
+            with_heartbeat("amqp://h:5672/%2f"),
+            "amqp://h:5672/%2f?heartbeat=5"
+        );
+        assert_eq!(
+            with_heartbeat("amqps://h/v?frame_max=8192"),
+            "amqps://h/v?frame_max=8192&heartbeat=5"
+        );
+        assert_eq!(
+            with_heartbeat("amqp://h/v?heartbeat=30"),
+            "amqp://h/v?heartbeat=30"
+        );
     }
 
     /// Reconnection delays grow, never exceed 30 s, and are spread.

@@ -32,6 +32,16 @@ pub enum AmqpError {
         #[source]
         source: lapin::Error,
     },
+    /// The broker did not answer within mailroom's limit (connecting,
+    /// setting a connection up): a broker that is down, or a frozen network
+    /// path that drops or holds packets without closing the connection.
+    #[error("{action}: no answer from the broker within {} s", limit.as_secs())]
+    NoAnswer {
+        /// What was being done.
+        action: String,
+        /// How long mailroom waited.
+        limit: std::time::Duration,
+    },
     /// A name or value that AMQP cannot carry (a name over 255 bytes, a TTL
     /// over `u32::MAX` milliseconds...).
     #[error("{0}")]
@@ -45,6 +55,7 @@ impl AmqpError {
     pub fn is_refused(&self) -> bool {
         match self {
             AmqpError::Inequivalent { .. } | AmqpError::Invalid(_) => true,
+            AmqpError::NoAnswer { .. } => false,
             AmqpError::Broker { source, .. } => matches!(
                 source.kind(),
                 lapin::ErrorKind::ProtocolError(e) if matches!(e.kind(), AMQPErrorKind::Soft(_))

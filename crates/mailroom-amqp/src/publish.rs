@@ -4,8 +4,11 @@
 //! Every publish is persistent and `mandatory` on a channel in publisher
 //! confirm mode; an attempt succeeds only when the broker acks it. A
 //! returned (unroutable) message, a nack or a lost channel is a failed
-//! attempt for the topic's retry policy; a confirm that never comes is cut
-//! off by the topic's timeout. Publishes are pipelined: concurrent attempts
+//! attempt for the topic's retry policy; a publish or confirm that does not
+//! come within [`CONFIRM_LIMIT`] (or the topic's timeout, if shorter) fails
+//! the attempt, which is retried: a frozen broker connection never holds a
+//! topic. (The message may still reach the queue late: the retry publishes
+//! it again, the at-least-once every consumer deduplicates.) Publishes are pipelined: concurrent attempts
 //! share the channel and lapin matches each confirm to its publish by
 //! delivery tag, and a batch publishes all its events before awaiting any
 //! confirm. Returned messages are matched to their publish by the
@@ -23,6 +26,12 @@ use mailroom::handler::{BatchOutcome, Handler};
 use mailroom::{Event, Outcome};
 use serde_json::{Value, json};
 use std::sync::{Arc, RwLock};
+
+/// How long a publish may wait to be written and confirmed by the broker
+/// before its attempt fails and is retried. Confirms come within
+/// milliseconds from a healthy broker; a broker that blocks publishers
+/// (memory or disk alarm) or a frozen network withholds them.
+pub const CONFIRM_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// The version written in `mailroom-version` and the envelope's `version`
 /// (events carry no version of their own yet).
@@ -127,6 +136,15 @@ impl AmqpHandler {
             .clone()
     }
 
+    /// [`send`](Self::send), failed if it is not written within
+    /// [`CONFIRM_LIMIT`] (a connection whose socket no longer drains).
+    async fn send_within(&self, publisher: &Publisher, event: &Event) -> Result<Pending, Outcome> {
+        match tokio::time::timeout(CONFIRM_LIMIT, self.send(publisher, event)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(failed(event, "error", no_confirm())),
+        }
+    }
+
     /// Sends one publish and returns the broker's future confirm (without
     /// waiting for it), or the attempt's failure.
     async fn send(&self, publisher: &Publisher, event: &Event) -> Result<Pending, Outcome> {
@@ -216,10 +234,11 @@ struct Pending {
 impl Pending {
     /// Waits for the broker's verdict.
     async fn outcome(self, exchange: &str, event: &Event) -> Outcome {
-        let verdict = self
-            .verdict
-            .await
-            .unwrap_or_else(|_| Verdict::Failed("the channel's confirm ledger is gone".into()));
+        let verdict = match tokio::time::timeout(CONFIRM_LIMIT, self.verdict).await {
+            Ok(verdict) => verdict
+                .unwrap_or_else(|_| Verdict::Failed("the channel's confirm ledger is gone".into())),
+            Err(_) => Verdict::Failed(no_confirm()),
+        };
         match verdict {
             Verdict::Confirmed => {
                 metrics::counter!(mailroom::metrics::PUBLISHED, "topic" => event.topic.clone(), "outcome" => "confirmed")
@@ -240,6 +259,13 @@ impl Pending {
     }
 }
 
+fn no_confirm() -> String {
+    format!(
+        "no confirm from the broker within {} s",
+        CONFIRM_LIMIT.as_secs()
+    )
+}
+
 /// Counts a failed publish and makes it a retryable outcome.
 fn failed(event: &Event, outcome: &'static str, error: String) -> Outcome {
     metrics::counter!(mailroom::metrics::PUBLISHED, "topic" => event.topic.clone(), "outcome" => outcome)
@@ -253,7 +279,7 @@ impl Handler for AmqpHandler {
         let Some(publisher) = self.publisher() else {
             return failed(event, "error", "AMQP connection down".into());
         };
-        match self.send(&publisher, event).await {
+        match self.send_within(&publisher, event).await {
             Ok(pending) => pending.outcome(&self.inner.spec.exchange, event).await,
             Err(outcome) => outcome,
         }
@@ -268,7 +294,7 @@ impl Handler for AmqpHandler {
         };
         let mut sent = Vec::with_capacity(events.len());
         for event in events {
-            sent.push(self.send(&publisher, event).await);
+            sent.push(self.send_within(&publisher, event).await);
         }
         let exchange = &self.inner.spec.exchange;
         let verdicts = events.iter().zip(sent).map(|(event, sent)| async move {

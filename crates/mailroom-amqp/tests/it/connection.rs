@@ -260,3 +260,47 @@ async fn a_connection_still_connecting_stops_at_once() {
     let stopped = tokio::time::timeout(Duration::from_secs(2), running).await;
     assert!(stopped.is_ok(), "still connecting 2 s after the stop");
 }
+
+/// A broker behind a network path that starts dropping packets (the
+/// connection left open, no RST, no error) is declared dead by the AMQP
+/// heartbeat mailroom asks for (5 s: dead after 10 s of silence) and shown
+/// down; reconnections during the freeze give up within the connect limit;
+/// after the heal the connection is up again within 10 s.
+#[tokio::test]
+async fn a_frozen_broker_is_declared_dead_and_the_connection_heals() {
+    use mailroom_testkit::{Freeze, FreezeProxy};
+    let proxy = FreezeProxy::start(&broker_addr()).await.expect("proxy");
+    let queue = unique("frozen");
+    let topology = Topology {
+        exchanges: vec![],
+        queues: vec![QueueSpec::new(&queue)],
+    };
+    let connection =
+        AmqpConnection::new(proxy.url_for(&mailroom_testkit::amqp_url())).topology(topology);
+    let status = connection.status();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(connection.run(stop.clone()));
+    eventually(10, "the connection is up", || async { status.is_up() }).await;
+
+    proxy.set(Freeze::Drop);
+    let frozen = std::time::Instant::now();
+    eventually(16, "the frozen connection is declared down", || async {
+        !status.is_up()
+    })
+    .await;
+    eprintln!("declared down {:?} into the freeze", frozen.elapsed());
+    // A reconnection or two while still frozen: each gives up in time.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(!status.is_up());
+    proxy.heal();
+    let healed = std::time::Instant::now();
+    eventually(10, "the connection is up again after the heal", || async {
+        status.is_up()
+    })
+    .await;
+    eprintln!("up again {:?} after the heal", healed.elapsed());
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), running).await;
+    let conn = connect().await;
+    delete(&conn, &[queue], &[]).await;
+}

@@ -386,3 +386,52 @@ async fn concurrent_publishes_each_get_their_own_verdict() {
     );
     delete(&conn, &[queue], &[exchange]).await;
 }
+
+/// A publish whose connection freezes (packets held, connection left open,
+/// no confirm ever) fails its attempt for a retry within the confirm limit,
+/// rather than holding its topic for as long as the broker stays silent.
+#[tokio::test]
+async fn a_confirm_that_never_comes_fails_the_attempt_in_time() {
+    use mailroom_amqp::publish::CONFIRM_LIMIT;
+    use mailroom_testkit::{Freeze, FreezeProxy};
+    let conn = connect().await;
+    let base = unique("frozen-confirm");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "k.ok").await;
+    let url = mailroom_testkit::amqp_url();
+    let broker = url.split_once('@').map_or(url.as_str(), |(_, r)| r);
+    let proxy = FreezeProxy::start(broker.split('/').next().expect("host:port"))
+        .await
+        .expect("proxy");
+    // No heartbeat: only the confirm limit can end the wait.
+    let frozen = lapin::Connection::connect(
+        &format!("{}?heartbeat=0", proxy.url_for(&url)),
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("connect through the proxy");
+    let handler = AmqpHandler::new(AmqpHandlerSpec::new(&exchange, "k.{key}"));
+    handler
+        .attach(frozen.create_channel().await.expect("channel"))
+        .await
+        .expect("attach");
+    assert!(matches!(
+        handler.handle(&event_keyed("ok", 0)).await,
+        Outcome::Success
+    ));
+
+    proxy.set(Freeze::Hold);
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        CONFIRM_LIMIT + Duration::from_secs(5),
+        handler.handle(&event_keyed("ok", 1)),
+    )
+    .await
+    .expect("the publish still waits for its confirm");
+    assert!(
+        matches!(&outcome, Outcome::Retry { error, .. } if error.contains("no confirm")),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() >= CONFIRM_LIMIT - Duration::from_secs(1));
+    drop(proxy);
+    delete(&conn, &[queue], &[exchange]).await;
+}
