@@ -17,6 +17,11 @@ pub struct Config {
     /// Bearer tokens accepted on `/v1/*` and the dashboard.
     #[serde(default)]
     pub api_token: Option<OneOrMany>,
+    /// Accept webhooks for sources the file does not declare. Unset: only
+    /// the quick start (no config file) on a loopback listener does; see
+    /// [`Config::accept_undeclared_sources`].
+    #[serde(default)]
+    pub accept_undeclared_sources: Option<bool>,
     /// The store.
     #[serde(default)]
     pub store: StoreConfig,
@@ -44,6 +49,9 @@ pub struct Config {
     /// Where this configuration came from, for messages.
     #[serde(skip)]
     pub origin: String,
+    /// Whether it was read from a file (`false`: the quick start's defaults).
+    #[serde(skip)]
+    pub from_file: bool,
 }
 
 fn default_listen() -> String {
@@ -55,6 +63,7 @@ impl Default for Config {
         Self {
             listen: default_listen(),
             api_token: None,
+            accept_undeclared_sources: None,
             store: StoreConfig::default(),
             retention: RetentionConfig::default(),
             alerts: AlertsConfig::default(),
@@ -64,6 +73,7 @@ impl Default for Config {
             amqp: None,
             telemetry: TelemetryConfig::default(),
             origin: "defaults".into(),
+            from_file: false,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Loading in layers: documented defaults (the serde defaults of [`Config`])
-//! → the file → `MAILROOM_*` environment overrides, with `${VAR}`
-//! interpolation in every string value.
+//! → the file → `MAILROOM_*` environment overrides, with `${VAR}` and
+//! `${file:PATH}` interpolation in every string value.
 
 use crate::error::ConfigError;
 use crate::file::{Config, OneOrMany};
@@ -25,7 +25,9 @@ impl Config {
             }
             None => ("defaults".to_string(), String::new()),
         };
-        Self::from_toml(&file, &text, env)
+        let mut config = Self::from_toml(&file, &text, env)?;
+        config.from_file = path.is_some();
+        Ok(config)
     }
 
     /// Parses configuration text; `file` names it in errors.
@@ -65,6 +67,7 @@ impl Config {
             }
         })?;
         config.origin = file.to_string();
+        config.from_file = true;
         Ok(config)
     }
 
@@ -75,6 +78,28 @@ impl Config {
             key: "listen".into(),
             message: format!("{:?} is not an address like 127.0.0.1:8080", self.listen),
         })
+    }
+
+    /// Whether `POST /webhooks/{name}` accepts a source the file does not
+    /// declare. Only the quick start does: no config file, a loopback
+    /// listener. A configured mailroom answers 404 to undeclared sources on
+    /// every address, loopback included, since a loopback listener is what
+    /// a reverse proxy on the same host exposes. `accept_undeclared_sources
+    /// = true` opts in, and is refused with a non-loopback `listen`.
+    pub fn accept_undeclared_sources(&self) -> Result<bool, ConfigError> {
+        let loopback = self.listen_addr()?.ip().is_loopback();
+        match self.accept_undeclared_sources {
+            Some(true) if !loopback => Err(self.invalid(
+                "accept_undeclared_sources",
+                format!(
+                    "true with listen = {:?}: anyone who can reach it could post unsigned events; \
+                     declare each [[source]] instead, or listen on 127.0.0.1",
+                    self.listen
+                ),
+            )),
+            Some(yes) => Ok(yes),
+            None => Ok(!self.from_file && loopback),
+        }
     }
 
     /// The API tokens (empty when none is configured).
@@ -105,7 +130,8 @@ pub fn locate(flag: Option<PathBuf>, env: &dyn Fn(&str) -> Option<String>) -> Op
         })
 }
 
-/// Replaces `${VAR}` in every string; `$$` stands for a literal `$`.
+/// Replaces `${VAR}` and `${file:PATH}` in every string; `$$` stands for a
+/// literal `$`.
 fn interpolate(
     v: &mut toml::Value,
     path: &str,
@@ -149,6 +175,11 @@ fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Strin
                 .find('}')
                 .ok_or_else(|| "unclosed ${ in value".to_string())?;
             let name = &body[..end];
+            if let Some(path) = name.strip_prefix("file:") {
+                out.push_str(&read_secret_file(path)?);
+                rest = &body[end + 1..];
+                continue;
+            }
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!("invalid variable name {name:?} in ${{...}}"));
             }
@@ -164,6 +195,18 @@ fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Strin
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The contents of a `${file:PATH}` reference (a mounted secret: Docker and
+/// Kubernetes secrets, systemd credentials), less one trailing newline.
+fn read_secret_file(path: &str) -> Result<String, String> {
+    if path.is_empty() {
+        return Err("empty path in ${file:...}".into());
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {path} (referenced as ${{file:{path}}}): {e}"))?;
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
 }
 
 /// `MAILROOM_LISTEN`, `MAILROOM_STORE_URL`, `MAILROOM_API_TOKEN` win over the file.
@@ -202,6 +245,64 @@ mod tests {
         assert_eq!(c.store.url, "sqlite://mailroom.db");
         assert!(c.store.group_commit);
         assert_eq!(c.retention.done, Duration::from_secs(7 * 86400));
+    }
+
+    /// `${file:PATH}` reads a mounted secret wherever `${VAR}` works, one
+    /// trailing newline trimmed (and only one); a missing file is an error
+    /// naming the key and the path.
+    #[test]
+    fn secrets_can_come_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret-from-a-file\n").unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "p@ss\n\n").unwrap();
+        let text = format!(
+            "api_token = \"${{file:{}}}\"\n[store]\nurl = \"postgres://u:${{file:{}}}@h/db\"\n",
+            token.display(),
+            pw.display()
+        );
+        let c = Config::from_toml("m.toml", &text, &no_env).unwrap();
+        assert_eq!(c.api_tokens(), vec!["s3cret-from-a-file".to_string()]);
+        assert_eq!(c.store.url, "postgres://u:p@ss\n@h/db");
+        let missing = dir.path().join("absent");
+        let text = format!("api_token = \"${{file:{}}}\"\n", missing.display());
+        let err = Config::from_toml("m.toml", &text, &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("m.toml: api_token: cannot read"), "{err}");
+        assert!(err.contains("absent"), "{err}");
+    }
+
+    /// Undeclared sources: the quick start (no file) on loopback accepts them;
+    /// any file, even one that only sets `listen` on loopback, does not
+    /// unless it opts in; opting in with a public listener is refused.
+    #[test]
+    fn only_the_quick_start_accepts_undeclared_sources() {
+        let quick = Config::load(None, &no_env).unwrap();
+        assert!(!quick.from_file);
+        assert!(quick.accept_undeclared_sources().unwrap());
+        let public = |k: &str| (k == "MAILROOM_LISTEN").then(|| "0.0.0.0:8080".to_string());
+        let quick_public = Config::load(None, &public).unwrap();
+        assert!(!quick_public.accept_undeclared_sources().unwrap());
+
+        let configured = Config::from_toml("m.toml", "listen = \"127.0.0.1:9000\"\n", &no_env);
+        assert!(!configured.unwrap().accept_undeclared_sources().unwrap());
+        let opted = Config::from_toml("m.toml", "accept_undeclared_sources = true\n", &no_env);
+        assert!(opted.unwrap().accept_undeclared_sources().unwrap());
+        let refused = Config::from_toml(
+            "m.toml",
+            "listen = \"0.0.0.0:8080\"\naccept_undeclared_sources = true\n",
+            &no_env,
+        )
+        .unwrap()
+        .accept_undeclared_sources()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.starts_with("m.toml: accept_undeclared_sources:"),
+            "{refused}"
+        );
     }
 
     /// The annotated example file shipped beside the README parses as it stands.

@@ -158,7 +158,9 @@ impl EngineBuilder {
     }
 
     /// Accept webhooks for undeclared sources (each gets a pull topic named
-    /// after it). The server enables this only on loopback listeners.
+    /// after it), except a name that is a known topic's (declared, or named
+    /// by a declared source): those answer unknown source. `mailroom serve`
+    /// enables this only for the quick start (no config file, loopback).
     pub fn accept_undeclared_sources(mut self, yes: bool) -> Self {
         self.accept_undeclared = yes;
         self

@@ -22,6 +22,7 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
             config.origin
         );
     }
+    let undeclared = config.accept_undeclared_sources()?;
     // Validates every topic, source, handler and secret, without a store.
     let topology = Topology::from_config(&config)?;
     let warnings = warnings(&config);
@@ -29,13 +30,16 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
         outln!(
             "{}",
             serde_json::json!({ "ok": true, "file": config.origin, "warnings": warnings,
-                "amqp": amqp_json(&topology.amqp) })
+                "accept_undeclared_sources": undeclared, "amqp": amqp_json(&topology.amqp) })
         );
         return Ok(());
     }
     outln!("{}: ok", config.origin);
     outln!("  listen  {}", config.listen);
     outln!("  store   {}", config.store.url);
+    if undeclared {
+        outln!("  undeclared sources accepted (loopback): POST /webhooks/<name> into topic <name>");
+    }
     print_topics(&config, &topology);
     print_sources(&config);
     print_amqp(&topology.amqp);

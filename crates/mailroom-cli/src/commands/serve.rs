@@ -29,18 +29,19 @@ async fn serve(config: Config) -> Result<()> {
             config.origin
         );
     }
+    let undeclared = config.accept_undeclared_sources()?;
     let mut topology = Topology::from_config(&config)?;
     let plan = std::mem::take(&mut topology.amqp);
     amqp::declare_before_serve(&plan, &config.origin).await?;
     let store = open(&config).await?;
     let engine = topology
         .into_builder(store)
-        .accept_undeclared_sources(loopback)
+        .accept_undeclared_sources(undeclared)
         .build()?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    announce(&config, &engine, listener.local_addr()?, loopback);
+    announce(&config, &engine, listener.local_addr()?, undeclared);
     let (brokers, dependencies) = amqp::start(&plan, &engine, &shutdown)?;
 
     tokio::spawn(wait_for_signals(shutdown.clone()));
@@ -75,7 +76,7 @@ fn announce(
     config: &Config,
     engine: &mailroom::Engine,
     local: std::net::SocketAddr,
-    loopback: bool,
+    undeclared: bool,
 ) {
     tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
     if engine.alert_rules().any() {
@@ -84,9 +85,10 @@ fn announce(
             "[alerts] evaluated every 10s by the instance that holds maintenance: see the logs, /v1/stats and mailroom status"
         );
     }
-    if loopback && config.sources.is_empty() {
+    if undeclared {
         tracing::info!(
-            "no sources declared: any POST /webhooks/<name> is accepted on loopback (topic = <name>)"
+            "undeclared sources accepted: POST /webhooks/<name> stores into topic <name> unsigned \
+             (quick start; with a config file only declared [[source]]s are)"
         );
     }
 }

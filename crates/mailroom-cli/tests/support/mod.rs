@@ -26,11 +26,24 @@ impl Serve {
     /// --log-format json` with `MAILROOM_STORE_URL=store_url`, and waits
     /// for the start-up log line that names the bound address.
     pub fn start(config: &Path, store_url: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mailroom"))
-            .arg("--config")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mailroom"));
+        cmd.arg("--config")
             .arg(config)
+            .current_dir(config.parent().expect("config dir"));
+        Self::spawn(cmd, store_url)
+    }
+
+    /// The quick start: `mailroom serve` with no config file, run in `dir`
+    /// (which must hold no `mailroom.toml`), otherwise as [`Serve::start`].
+    pub fn start_quick(dir: &Path, store_url: &str) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mailroom"));
+        cmd.current_dir(dir);
+        Self::spawn(cmd, store_url)
+    }
+
+    fn spawn(mut cmd: Command, store_url: &str) -> Self {
+        let mut child = cmd
             .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-            .current_dir(config.parent().expect("config dir"))
             .env_remove("MAILROOM_CONFIG")
             .env_remove("MAILROOM_LISTEN")
             .env("MAILROOM_STORE_URL", store_url)

@@ -220,6 +220,37 @@ async fn undeclared_source_on_loopback_goes_to_its_own_topic() {
     server.stop().await;
 }
 
+/// Even where undeclared sources are taken, one named after a known topic
+/// (declared, or the topic of a declared source) answers 404 and stores
+/// nothing: unsigned events never reach a configured topic's handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undeclared_sources_never_feed_a_known_topic() {
+    let server = start(|store| {
+        Engine::builder(store)
+            .topic(TopicSpec::new("reports"))
+            .source(SourceSpec::new("stripe", "payments"))
+            .accept_undeclared_sources(true)
+    })
+    .await;
+    for name in ["reports", "payments"] {
+        let resp = server
+            .webhook(name, &[("webhook-id", "forged-1")], b"{}".to_vec())
+            .await;
+        let p = expect_problem(resp, 404).await;
+        assert!(
+            p["detail"].as_str().unwrap_or_default().contains(name),
+            "{p}"
+        );
+        assert!(
+            server.events_of(name).await.is_empty(),
+            "{name}: nothing stored"
+        );
+    }
+    // A name no topic has is still the quick start's open door.
+    server.accept("scratch", "ok-1", &json!({})).await;
+    server.stop().await;
+}
+
 /// A sender uploading a body over `max_body` receives the 413 answer, not a
 /// broken connection, whether the size is declared up front or only found
 /// while reading (chunked); its connection can then be reused.

@@ -227,9 +227,7 @@ impl Engine {
     pub fn count_oversized_webhook(&self, source: &str) {
         match self.inner.sources.get(source) {
             Some(spec) => count_received(&spec.name, &spec.topic, "rejected"),
-            None if self.inner.accept_undeclared && valid_source_name(source) => {
-                count_received(source, source, "rejected");
-            }
+            None if self.takes_undeclared(source) => count_received(source, source, "rejected"),
             None => {}
         }
     }
@@ -246,7 +244,7 @@ impl Engine {
         let implicit;
         let spec = match self.inner.sources.get(source) {
             Some(s) => s,
-            None if self.inner.accept_undeclared && valid_source_name(source) => {
+            None if self.takes_undeclared(source) => {
                 implicit = SourceSpec::new(source, source);
                 &implicit
             }
@@ -267,6 +265,18 @@ impl Engine {
             }
         })?;
         Ok(self.insert(accepted).await?)
+    }
+}
+
+impl Engine {
+    /// Whether an undeclared source `name` is taken (into a topic of the
+    /// same name): only when the builder allows it, and never into a topic
+    /// the engine knows, declared or named by a declared source, which
+    /// would let unsigned events reach that topic's handler.
+    fn takes_undeclared(&self, name: &str) -> bool {
+        self.inner.accept_undeclared
+            && valid_source_name(name)
+            && !self.inner.topics.contains_key(name)
     }
 }
 

@@ -21,7 +21,7 @@ use crate::accept::MAX_FIELD_LEN;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IntakeError {
-    /// No such source (or an undeclared one on a non-loopback listener).
+    /// No such source (or an undeclared one where those are not taken).
     #[error("unknown source {0:?}")]
     UnknownSource(String),
     /// Signature verification failed.

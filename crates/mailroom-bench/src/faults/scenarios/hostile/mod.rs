@@ -4,6 +4,11 @@
 //! UTF-8 in a header value and in a header name, and a flood of bad
 //! signatures, while a well-behaved client sends signed webhooks throughout.
 //!
+//! Then unsigned posts to undeclared sources named after configured topics
+//! (`reports`, a topic with no source of its name), directly and with a
+//! same-host proxy's headers: a configured mailroom answers 404 and stores
+//! nothing.
+//!
 //! Checks: every hostile request is answered as it should be (the table in
 //! [`EXPECTED`]); the well-behaved client's p99 stays under [`P99_BOUND`] in
 //! every window of the attack and all its events are stored and processed;
@@ -57,6 +62,10 @@ pub fn applies(b: &Backend) -> bool {
     matches!(b, Backend::Sqlite)
 }
 
+/// A configured topic with no source of its name: unsigned posts to
+/// `/webhooks/reports` must not reach it.
+const UNDECLARED_TARGET: &str = "reports";
+
 /// How hard to attack.
 struct Scale {
     slow: usize,
@@ -82,6 +91,10 @@ verify = {{ scheme = "github", secret = "{SECRET}" }}
 [[topic]]
 name = "signed"
 concurrency = 16
+handler = {{ http = {{ url = "{receiver}" }} }}
+
+[[topic]]
+name = "{UNDECLARED_TARGET}"
 handler = {{ http = {{ url = "{receiver}" }} }}
 "#
     )
@@ -116,6 +129,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let tally = Tally::default();
     attack(addr, &serve.base, &scale, &tally).await?;
     let to = world.rec.now();
+    let undeclared = post_undeclared(&serve.base).await;
     let usage = usage.end(&pid, &serve.base).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let calls = good.stop().await;
@@ -133,6 +147,11 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     judge_latency(&calls, (from, to), !quick, &mut report);
     note_shared_latency(&shared, (from, to), &mut report);
     judge_memory(rss_before, rss.peak(), &mut report);
+    judge_undeclared(
+        &undeclared,
+        &store::rows(&world.fresh.url).await?,
+        &mut report,
+    );
     report.notes.extend(usage);
     // The attack ends when its last connection does, often well after
     // `scale.attack` on a loaded host: the log bound follows what ran.
@@ -251,6 +270,57 @@ fn raw_requests() -> Vec<Vec<(&'static str, Vec<u8>)>> {
         vec![("utf8 header value", value), ("utf8 header name", name)],
         vec![("oversized chunked", chunked)],
     ]
+}
+
+/// Unsigned posts to undeclared sources named after a configured topic, as
+/// sent directly and through a same-host reverse proxy (its headers); the
+/// answers by status (`error` when none came).
+async fn post_undeclared(base: &str) -> BTreeMap<String, u64> {
+    let http = crate::faults::load::http();
+    let mut answers = BTreeMap::new();
+    for i in 0..50 {
+        let mut req = http
+            .post(format!("{base}/webhooks/{UNDECLARED_TARGET}"))
+            .header("webhook-id", format!("forged-{i}"))
+            .header("content-type", "application/json")
+            .body(format!("{{\"id\":\"forged-{i}\"}}"));
+        if i % 2 == 1 {
+            req = req
+                .header("x-forwarded-for", "203.0.113.7")
+                .header("x-forwarded-proto", "https")
+                .header("forwarded", "for=203.0.113.7;proto=https");
+        }
+        let answer = match req.send().await {
+            Ok(resp) => resp.status().as_u16().to_string(),
+            Err(_) => "error".to_string(),
+        };
+        *answers.entry(answer).or_default() += 1;
+    }
+    answers
+}
+
+/// Every post to an undeclared source was answered 404, and nothing reached
+/// the topic it named.
+fn judge_undeclared(
+    answers: &BTreeMap<String, u64>,
+    rows: &[crate::faults::check::Row],
+    r: &mut Report,
+) {
+    let total: u64 = answers.values().sum();
+    let refused = answers.get("404").copied().unwrap_or(0);
+    let stored = rows
+        .iter()
+        .filter(|row| row.topic == UNDECLARED_TARGET)
+        .count();
+    r.sent += total;
+    r.notes.push(format!(
+        "undeclared source named after a topic: {total} sent, {refused} answered 404, {stored} stored"
+    ));
+    if refused < total || stored > 0 {
+        r.failures.push(format!(
+            "undeclared source /webhooks/{UNDECLARED_TARGET}: answers {answers:?}, {stored} events stored"
+        ));
+    }
 }
 
 /// Samples the server's `VmRSS` every 100 ms; keeps the peak.
