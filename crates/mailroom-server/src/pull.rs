@@ -67,21 +67,26 @@ pub struct ExtendAnswer {
     pub lease_until: Timestamp,
 }
 
+/// The shortest lease or retry delay a worker may ask for.
+const MIN_LEASE: Duration = Duration::from_millis(1);
+
 impl LeaseArg {
-    fn parse(&self) -> Result<Duration, Problem> {
+    /// The duration `field` (`lease`, `retry_in`) asks for, 1ms to 1h; any
+    /// other number or text is a 400 naming the field and the range.
+    fn parse(&self, field: &str) -> Result<Duration, Problem> {
+        let out_of_range = || Problem::bad_request(format!("{field} must be between 1ms and 1h"));
         let d = match self {
-            LeaseArg::Secs(s) if s.is_finite() && *s > 0.0 => Duration::from_secs_f64(*s),
-            LeaseArg::Secs(_) => {
-                return Err(Problem::bad_request(
-                    "lease must be a positive number of seconds",
-                ));
+            // Checked as a float first: `Duration` cannot hold 1e308 seconds.
+            LeaseArg::Secs(s) if (0.0..=MAX_LEASE.as_secs_f64()).contains(s) => {
+                Duration::try_from_secs_f64(*s).map_err(|_| out_of_range())?
             }
+            LeaseArg::Secs(_) => return Err(out_of_range()),
             LeaseArg::Text(t) => {
-                duration::parse(t).map_err(|e| Problem::bad_request(e.to_string()))?
+                duration::parse(t).map_err(|e| Problem::bad_request(format!("{field}: {e}")))?
             }
         };
-        if d.is_zero() || d > MAX_LEASE {
-            return Err(Problem::bad_request("lease must be between 1ms and 1h"));
+        if !(MIN_LEASE..=MAX_LEASE).contains(&d) {
+            return Err(out_of_range());
         }
         Ok(d)
     }
@@ -110,7 +115,7 @@ async fn claim(
     body: Option<Json<ClaimBody>>,
 ) -> Result<axum::response::Response, Problem> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
-    let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
+    let lease = b.lease.as_ref().map(|l| l.parse("lease")).transpose()?;
     let worker = b
         .worker
         .filter(|w| !w.is_empty() && w.len() <= 128)
@@ -177,7 +182,11 @@ async fn nack(
     let id: EventId = id.parse()?;
     let error = b.error.unwrap_or_else(|| "nacked by worker".into());
     let error: String = error.chars().take(4096).collect();
-    let after = b.retry_in.as_ref().map(LeaseArg::parse).transpose()?;
+    let after = b
+        .retry_in
+        .as_ref()
+        .map(|r| r.parse("retry_in"))
+        .transpose()?;
     let outcome = if b.permanent {
         Outcome::Permanent { error }
     } else {
@@ -217,7 +226,7 @@ async fn extend(
     Json(b): Json<ExtendBody>,
 ) -> Result<Json<ExtendAnswer>, Problem> {
     let id: EventId = id.parse()?;
-    let lease = b.lease.as_ref().map(LeaseArg::parse).transpose()?;
+    let lease = b.lease.as_ref().map(|l| l.parse("lease")).transpose()?;
     let until = s.engine.extend(id, FencingToken(b.token), lease).await?;
     Ok(Json(ExtendAnswer {
         id: id.to_string(),

@@ -106,6 +106,76 @@ async fn concurrent_workers_never_share_an_event() {
     s.shutdown.cancel();
 }
 
+/// Huge, negative or tiny numbers of seconds for `lease` (claim, extend) and
+/// `retry_in` (nack) are answered 400 naming the field and the range, and
+/// the server keeps serving: none of them panics the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_durations_are_refused_naming_the_field() {
+    let s = start().await;
+    let id = s
+        .engine
+        .enqueue(Draft::json("jobs", &json!({ "x": 1 })))
+        .await
+        .expect("enqueue")
+        .id
+        .to_string();
+    let client = reqwest::Client::new();
+    let claim = format!("{}/v1/topics/jobs/claim", s.base);
+    for lease in [
+        json!(1e308),
+        json!(1e300),
+        json!(3601),
+        json!(-1),
+        json!(0.0000001),
+    ] {
+        let (status, body) =
+            post(&client, claim.clone(), json!({ "max": 1, "lease": lease })).await;
+        assert_eq!(status, 400, "lease {lease}: {body}");
+        assert_eq!(
+            body["detail"], "lease must be between 1ms and 1h",
+            "lease {lease}"
+        );
+    }
+    let (status, claimed) = post(&client, claim.clone(), json!({ "lease": 30 })).await;
+    assert_eq!(status, 200, "{claimed}");
+    assert_eq!(
+        claimed["events"][0]["id"], id,
+        "the server is alive and the event unclaimed"
+    );
+    let token = claimed["events"][0]["token"].clone();
+    let (status, body) = post(
+        &client,
+        format!("{}/v1/events/{id}/extend", s.base),
+        json!({ "token": token, "lease": 1e300 }),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["detail"]),
+        (400, &json!("lease must be between 1ms and 1h"))
+    );
+    let (status, body) = post(
+        &client,
+        format!("{}/v1/events/{id}/nack", s.base),
+        json!({ "token": token, "retry_in": 1e300 }),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["detail"]),
+        (400, &json!("retry_in must be between 1ms and 1h"))
+    );
+    let (status, body) = post(
+        &client,
+        format!("{}/v1/events/{id}/ack", s.base),
+        json!({ "token": token }),
+    )
+    .await;
+    assert_eq!(
+        status, 200,
+        "the claim is still held and can be acked: {body}"
+    );
+    s.shutdown.cancel();
+}
+
 /// A worker that lets its lease expire cannot ack (409); the event goes back
 /// to pending, is redelivered with a new token, and the lost attempt counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
