@@ -16,6 +16,7 @@ use crate::source::AmqpSource;
 use crate::topology::{Declared, Topology, declare};
 use futures::StreamExt;
 use lapin::{Connection, ConnectionProperties};
+use mailroom::redact::url as redact;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -323,28 +324,9 @@ fn backoff(failures: u32) -> Duration {
         .mul_f64(0.5 + rand::random::<f64>() / 2.0)
 }
 
-/// The URL without its user and password, for logs, metric labels and
-/// `/readyz`.
-pub fn redact(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
-        _ => url.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Logs and metric labels never carry the broker password.
-    #[test]
-    fn urls_are_named_without_credentials() {
-        assert_eq!(
-            redact("amqp://guest:secret@rabbit:5672/%2f"),
-            "amqp://rabbit:5672/%2f"
-        );
-        assert_eq!(redact("amqp://rabbit/%2f"), "amqp://rabbit/%2f");
-    }
 
     /// A URL without a heartbeat gets mailroom's; one that names its own
     /// keeps it.

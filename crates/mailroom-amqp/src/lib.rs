@@ -20,7 +20,7 @@ pub mod publish;
 pub mod source;
 pub mod topology;
 
-pub use connection::{AmqpConnection, AmqpStatus, declare_at, redact};
+pub use connection::{AmqpConnection, AmqpStatus, declare_at};
 pub use error::{AmqpError, Result};
 pub use publish::{AmqpHandler, AmqpHandlerSpec};
 pub use source::{AmqpSource, AmqpSourceSpec};

@@ -5,7 +5,8 @@
 use crate::procfs;
 use anyhow::{Context, bail};
 use mailroom::Store;
-use mailroom_postgres::{PostgresOptions, PostgresStore, redact};
+use mailroom::redact::url as redact;
+use mailroom_postgres::{PostgresOptions, PostgresStore};
 use mailroom_sqlite::{SqliteOptions, SqliteStore};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};

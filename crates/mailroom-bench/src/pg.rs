@@ -28,7 +28,7 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
     if !a.json {
         println!(
             "pg: PostgreSQL {version} at {}; each target on a fresh store",
-            mailroom_postgres::redact(admin_url)
+            mailroom::redact::url(admin_url)
         );
     }
     let (ingests, durable) = if a.no_ingest {

@@ -23,9 +23,7 @@ fn amqp_url() -> String {
 
 /// The test broker's URL as mailroom shows it: without user and password.
 fn shown_url() -> String {
-    let url = amqp_url();
-    let (scheme, rest) = url.split_once("://").expect("scheme");
-    format!("{scheme}://{}", rest.rsplit_once('@').map_or(rest, |r| r.1))
+    mailroom::redact::url(&amqp_url())
 }
 
 async fn connect() -> Connection {

@@ -116,3 +116,72 @@ fn config_check_names_each_topics_handler() {
     }
     assert!(!text.contains("built-in"), "{text}");
 }
+
+/// Secrets in configured URLs are never printed: `config check` shows the
+/// store, handler and alert URLs without user info and with query values
+/// masked, and `status` names the store it cannot open the same way.
+#[test]
+fn config_check_and_status_never_print_url_secrets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("mailroom.toml");
+    std::fs::write(
+        &config,
+        r#"
+[store]
+url = "postgres://mailroom:PGPASSWORD123@127.0.0.1:1/mailroom?password=PGQUERY"
+
+[[topic]]
+name = "hooks"
+handler = { http = { url = "http://admin:DBPASS42@127.0.0.1:1/x?token=QS2", headers = { "x-api-key" = "HDRSECRET" } } }
+
+[alerts]
+backlog = 10
+notify = { http = { url = "http://ops:NOTIFYPW@127.0.0.1:1/alerts?key=NOTIFYQS" } }
+"#,
+    )
+    .expect("write config");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_mailroom"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env_remove("MAILROOM_CONFIG")
+            .env_remove("MAILROOM_STORE_URL")
+            .output()
+            .expect("run mailroom")
+    };
+    let secrets = [
+        "PGPASSWORD123",
+        "PGQUERY",
+        "DBPASS42",
+        "QS2",
+        "HDRSECRET",
+        "NOTIFYPW",
+        "NOTIFYQS",
+        "admin",
+        "ops:",
+    ];
+    let check = run(&["config", "check"]);
+    let text = String::from_utf8_lossy(&check.stdout).into_owned()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{text}");
+    for line in [
+        "store   postgres://127.0.0.1:1/mailroom?password=***",
+        "handler: http POST http://127.0.0.1:1/x?token=***)",
+        "notify  POST http://127.0.0.1:1/alerts?key=***",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    let status = run(&["status"]);
+    let err = String::from_utf8_lossy(&status.stdout).into_owned()
+        + &String::from_utf8_lossy(&status.stderr);
+    assert!(!status.status.success(), "{err}");
+    assert!(
+        err.contains("cannot open the store postgres://127.0.0.1:1/mailroom?password=***"),
+        "{err}"
+    );
+    for secret in secrets {
+        assert!(!text.contains(secret), "{secret} in:\n{text}");
+        assert!(!err.contains(secret), "{secret} in:\n{err}");
+    }
+}

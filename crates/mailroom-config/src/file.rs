@@ -466,18 +466,58 @@ pub struct BatchConfig {
     pub group_by: Option<String>,
 }
 
-/// `handler = { http = {...} }`, `{ command = [...] }`, `{ amqp = {...} }` or `{ pull = true }`.
+/// `handler = { http = {...} }`, `{ command = [...] }` (or `{ command = { argv = [...], env = [...] } }`), `{ amqp = {...} }` or `{ pull = true }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandlerConfig {
     /// POST to an endpoint.
     pub http: Option<HttpHandlerConfig>,
     /// Run a program.
-    pub command: Option<Vec<String>>,
+    pub command: Option<CommandConfig>,
     /// Publish to RabbitMQ.
     pub amqp: Option<AmqpHandlerConfig>,
     /// External pull workers.
     pub pull: Option<bool>,
+}
+
+/// `command = ["prog", "arg"]` or `command = { argv = ["prog", "arg"], env = ["NAME"] }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CommandConfig {
+    /// The program and its arguments.
+    Argv(Vec<String>),
+    /// The program and its arguments, and the variables of mailroom's
+    /// environment it is also given.
+    Table(CommandTable),
+}
+
+/// `command = { argv, env }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandTable {
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// Variables passed through from mailroom's environment, besides
+    /// `PATH`, `HOME`, `LANG`, `LC_*`, `TZ` and `TMPDIR`.
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+impl CommandConfig {
+    /// The program and its arguments.
+    pub fn argv(&self) -> &[String] {
+        match self {
+            CommandConfig::Argv(argv) | CommandConfig::Table(CommandTable { argv, .. }) => argv,
+        }
+    }
+
+    /// The variables passed through.
+    pub fn env(&self) -> &[String] {
+        match self {
+            CommandConfig::Argv(_) => &[],
+            CommandConfig::Table(t) => &t.env,
+        }
+    }
 }
 
 /// `http = { url, timeout, secret, headers, permanent_statuses }`.

@@ -37,9 +37,11 @@ pub(crate) fn handler(
     if let Some(http) = &h.http {
         return Ok(Some(Arc::new(http_handler(http, topic, &at, cfg)?)));
     }
-    if let Some(argv) = &h.command {
-        let handler =
-            CommandHandler::new(argv.clone()).map_err(|m| cfg.invalid(at(".command"), m))?;
+    if let Some(command) = &h.command {
+        let handler = CommandHandler::new(command.argv().to_vec())
+            .map_err(|m| cfg.invalid(at(".command"), m))?
+            .pass_env(command.env())
+            .map_err(|m| cfg.invalid(at(".command.env"), m))?;
         return Ok(Some(Arc::new(handler)));
     }
     if let Some(a) = &h.amqp {
@@ -71,7 +73,10 @@ fn http_handler(
         .ok_or_else(|| {
             cfg.invalid(
                 at(".http.url"),
-                format!("{:?} is not an http(s) URL", http.url),
+                format!(
+                    "{:?} is not an http(s) URL",
+                    mailroom::redact::url(&http.url)
+                ),
             )
         })?;
     let secret = http

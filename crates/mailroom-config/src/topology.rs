@@ -147,7 +147,10 @@ fn alert_notify(config: &Config) -> Result<Option<AlertNotify>, ConfigError> {
         .ok_or_else(|| {
             config.invalid(
                 "alerts.notify.http.url",
-                format!("{:?} is not an http(s) URL", n.http.url),
+                format!(
+                    "{:?} is not an http(s) URL",
+                    mailroom::redact::url(&n.http.url)
+                ),
             )
         })?;
     let secret = n
@@ -290,6 +293,31 @@ mod tests {
 
     /// A topic and retention left unset in the file get exactly the runtime's
     /// defaults (`TopicSpec::new`, `Retention::default`): one home for each.
+    /// A command handler is a bare argv or a table with the variables it
+    /// is also given; a name that is no variable name is refused, naming
+    /// the key.
+    #[test]
+    fn command_handlers_take_an_argv_or_a_table_with_env() {
+        for handler in [
+            "{ command = [\"./handle.sh\", \"-v\"] }",
+            "{ command = { argv = [\"./handle.sh\"], env = [\"HANDLER_TOKEN\", \"_X1\"] } }",
+            "{ command = { argv = [\"./handle.sh\"] } }",
+        ] {
+            let t = topology(&format!(
+                "[[topic]]\nname = \"jobs\"\nhandler = {handler}\n"
+            ));
+            assert!(t.is_ok_and(|t| t.topics[0].1.is_some()), "{handler}");
+        }
+        let err = topology(
+            "[[topic]]\nname = \"jobs\"\nhandler = { command = { argv = [\"x\"], env = [\"A=B\"] } }\n",
+        )
+        .expect_err("refused");
+        assert!(
+            err.to_string().contains("topic[0].handler.command.env"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn unset_keys_take_the_runtime_defaults() {
         let t = topology("[[topic]]\nname = \"jobs\"\n").unwrap();

@@ -14,6 +14,8 @@
 //!   query/stats types it speaks.
 //! - [`cron`]: five-field UTC schedules for batch topics.
 //! - [`alert`]: the `[alerts]` thresholds ([`AlertRules`]) and [`evaluate`](alert::evaluate).
+//! - [`redact`]: URLs without their secrets and text without control
+//!   characters, for everything shown to people and logs.
 //! - [`duration`]: the `"100ms" | "2s" | "5m" | "1h" | "7d"` format used in
 //!   configuration and on the command line.
 //!
@@ -29,6 +31,7 @@ pub mod lease;
 pub mod limit;
 pub mod mode;
 pub mod outcome;
+pub mod redact;
 pub mod retry;
 pub mod store;
 pub mod trace;

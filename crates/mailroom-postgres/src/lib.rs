@@ -42,7 +42,7 @@ mod vacuum;
 mod writer;
 
 pub use listen::ANY_TOPIC;
-pub use options::{PostgresOptions, redact};
+pub use options::PostgresOptions;
 pub use store::PostgresStore;
 
 /// The channel `mailroom.enqueue` and every insert notify, with the topic as payload.

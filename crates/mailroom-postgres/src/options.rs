@@ -1,6 +1,7 @@
 //! How to connect: [`PostgresOptions`], built in code or from a `postgres://` URL.
 
 use mailroom_core::StoreError;
+use mailroom_core::redact::url as redact;
 use sqlx::postgres::PgConnectOptions;
 use std::str::FromStr;
 use std::time::Duration;
@@ -75,21 +76,6 @@ impl PostgresOptions {
     }
 }
 
-/// `url` with its password masked (`postgres://user:***@host/db`), for
-/// error messages and logs.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,15 +86,6 @@ mod tests {
         assert!(o.is_ok());
         assert!(PostgresOptions::from_url("postgresql://h/db").is_ok());
         assert!(PostgresOptions::from_url("sqlite://x.db").is_err());
-    }
-
-    #[test]
-    fn errors_do_not_show_passwords() {
-        assert_eq!(
-            redact("postgres://u:secret@h:1/db"),
-            "postgres://u:***@h:1/db"
-        );
-        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
     }
 
     #[test]

@@ -9,7 +9,11 @@
 //! - A keyless event gets the topic's `default_key`; in a `sequential`
 //!   topic (SPEC §3) an event must then have a key, or it is refused.
 //! - The dedup key, key, type, correlation and causation ids and content
-//!   type are 1 to [`MAX_FIELD_LEN`] bytes (SPEC §2.5: bounded everything).
+//!   type are 1 to [`MAX_FIELD_LEN`] bytes (bounded everything), without
+//!   control characters (C0 with CR, LF, NUL and ESC, DEL, C1): they travel
+//!   on as HTTP headers, environment variables and terminal output, where
+//!   a line break forges a header or a log line and an escape drives a
+//!   terminal.
 //!
 //! Bodies are bounded where they are read (a source's `max_body`, the API's
 //! body limit), before they are buffered, so that is not repeated here.
@@ -58,6 +62,16 @@ pub enum Refused {
         /// Its length in bytes.
         len: usize,
     },
+    /// A field holds a control character ([`mailroom_core::redact::is_control`]).
+    #[error("{field} must not contain control characters (found U+{code:04X} at byte {at})")]
+    ControlCharacter {
+        /// The field, named as in [`Refused::FieldLength`].
+        field: &'static str,
+        /// The first control character's code point.
+        code: u32,
+        /// Its byte offset in the field.
+        at: usize,
+    },
 }
 
 fn hint_suffix(hint: &Option<String>) -> String {
@@ -105,7 +119,18 @@ fn check_len(field: &'static str, value: Option<&str>) -> Result<(), Refused> {
             field,
             len: v.len(),
         }),
-        _ => Ok(()),
+        Some(v) => match v
+            .char_indices()
+            .find(|(_, c)| mailroom_core::redact::is_control(*c))
+        {
+            Some((at, c)) => Err(Refused::ControlCharacter {
+                field,
+                code: u32::from(c),
+                at,
+            }),
+            None => Ok(()),
+        },
+        None => Ok(()),
     }
 }
 

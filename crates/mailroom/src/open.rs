@@ -36,6 +36,7 @@ pub async fn open_store(url: &str, group_commit: bool) -> Result<Arc<dyn Store>,
         }
     }
     Err(StoreError::Invalid(format!(
-        "unsupported store URL {url:?}: expected sqlite://FILE or postgres://..."
+        "unsupported store URL {:?}: expected sqlite://FILE or postgres://...",
+        mailroom_core::redact::url(url)
     )))
 }

@@ -132,6 +132,53 @@ async fn webhook_intake_refuses_a_keyless_event_in_a_sequential_topic() {
     assert_eq!(stored(&engine).await, 0);
 }
 
+/// Control characters (CR, LF, NUL, ESC, DEL, C1) in the key, type, dedup
+/// key, correlation or causation id are refused on the library door and on
+/// webhook intake, naming the field, and nothing is stored: such values
+/// would break every delivery's headers and reach terminals raw.
+#[tokio::test]
+async fn control_characters_in_envelope_fields_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = Engine::builder(store(&dir).await)
+        .topic(TopicSpec::new("plain").key(Field::Json("/customer".into())))
+        .source(SourceSpec::new("shop", "plain"))
+        .build()
+        .expect("engine");
+    let draft = || Draft::json("plain", &serde_json::json!({}));
+    for (draft, field) in [
+        (draft().key("k\r\nX-Evil: 1"), "key"),
+        (draft().event_type("t\0"), "type"),
+        (draft().event_type("t\u{1b}[31m"), "type"),
+        (draft().dedup_key("d\u{7f}"), "dedup key"),
+        (draft().correlation_id("c\u{85}"), "correlation_id"),
+        (draft().causation_id("c\n"), "causation_id"),
+    ] {
+        let err = engine.enqueue(draft).await.expect_err("refused");
+        assert!(
+            matches!(&err, EnqueueError::Refused(Refused::ControlCharacter { field: f, .. }) if *f == field),
+            "{field}: {err:?}"
+        );
+        assert!(err.to_string().starts_with(field), "{err}");
+    }
+    let body = Bytes::from_static(b"{\"customer\":\"c-1\\r\\nX-Injected: yes\"}");
+    let err = engine
+        .ingest_webhook("shop", &HeaderMap::new(), body)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            IntakeError::Refused(Refused::ControlCharacter { field: "key", .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(stored(&engine).await, 0, "nothing was stored");
+    engine
+        .enqueue(draft().key("c-1 ünïcode").event_type("order.paid"))
+        .await
+        .expect("printable text, non-ASCII included, is accepted");
+}
+
 /// The outbox cannot be refused: a keyless row an application INSERTs into
 /// a sequential topic is processed as an independent event, even while
 /// every keyed event is held back behind its key's dead head.

@@ -4,7 +4,8 @@
 use super::load_config;
 use crate::{Cli, ConfigCommand};
 use anyhow::{Result, bail};
-use mailroom_amqp::{QueueSpec, redact};
+use mailroom::redact::url as redact;
+use mailroom_amqp::QueueSpec;
 use mailroom_config::{AmqpPlan, Config, Topology};
 
 pub(super) fn run(cli: &Cli, command: &ConfigCommand, json: bool) -> Result<()> {
@@ -36,7 +37,7 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     }
     outln!("{}: ok", config.origin);
     outln!("  listen  {}", config.listen);
-    outln!("  store   {}", config.store.url);
+    outln!("  store   {}", redact(&config.store.url));
     if undeclared {
         outln!("  undeclared sources accepted (loopback): POST /webhooks/<name> into topic <name>");
     }
@@ -92,7 +93,7 @@ fn print_topics(config: &Config, topology: &Topology) {
 }
 
 /// What a topic's handler does, as its config says: `http POST <url>`
-/// (without credentials or query), `command <program>`, `amqp`; `built-in`
+/// (its secrets masked), `command <program>`, `amqp`; `built-in`
 /// for a handler the file does not describe.
 fn handler_label(config: &Config, topic: &str) -> String {
     let spec = config
@@ -104,9 +105,9 @@ fn handler_label(config: &Config, topic: &str) -> String {
         return "built-in".to_owned();
     };
     if let Some(http) = &spec.http {
-        return format!("http POST {}", shown_url(&http.url));
+        return format!("http POST {}", redact(&http.url));
     }
-    if let Some(program) = spec.command.as_ref().and_then(|c| c.first()) {
+    if let Some(program) = spec.command.as_ref().and_then(|c| c.argv().first()) {
         return format!("command {program}");
     }
     if spec.amqp.is_some() {
@@ -114,20 +115,6 @@ fn handler_label(config: &Config, topic: &str) -> String {
         return "amqp".to_owned();
     }
     "built-in".to_owned()
-}
-
-/// A handler URL without user info, query or fragment (they may hold secrets).
-fn shown_url(raw: &str) -> String {
-    match reqwest::Url::parse(raw) {
-        Ok(mut url) => {
-            let _ = url.set_username("");
-            let _ = url.set_password(None);
-            url.set_query(None);
-            url.set_fragment(None);
-            url.to_string()
-        }
-        Err(_) => "(invalid URL)".to_owned(),
-    }
 }
 
 fn print_sources(config: &Config) {
@@ -174,9 +161,10 @@ fn print_alerts(topology: &Topology) {
         } else {
             "unsigned"
         };
-        let mut url = n.url.clone();
-        let _ = url.set_password(None);
-        outln!("  notify  POST {url} on each alert's start and end ({signed})");
+        outln!(
+            "  notify  POST {} on each alert's start and end ({signed})",
+            redact(n.url.as_str())
+        );
     }
 }
 

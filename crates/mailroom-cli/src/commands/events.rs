@@ -6,6 +6,7 @@ use crate::table::{clip, render};
 use crate::{Cli, EventsCommand};
 use anyhow::{Context, Result};
 use mailroom::answer::{EventList, EventObject};
+use mailroom::redact::escape_controls;
 use mailroom::{Engine, Event, KeyCursor, ListFilter};
 
 pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Result<()> {
@@ -90,12 +91,17 @@ async fn show(engine: &Engine, id: &str, json: bool) -> Result<()> {
 }
 
 fn show_fields(e: &Event) {
-    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    // Stored values may hold control characters (events stored before they
+    // were refused, error text of receivers): printed escaped.
+    let opt = |o: &Option<String>| {
+        o.as_deref()
+            .map_or_else(|| "-".into(), |v| escape_controls(v).into_owned())
+    };
     outln!("id              {}", e.id);
     outln!("status          {}", e.status);
     outln!("topic           {}", e.topic);
     outln!("source          {}", e.source);
-    outln!("dedup key       {}", e.dedup_key);
+    outln!("dedup key       {}", escape_controls(&e.dedup_key));
     outln!("key             {}", opt(&e.key));
     outln!("type            {}", opt(&e.event_type));
     outln!("priority        {}", e.priority);

@@ -7,6 +7,9 @@ use anyhow::Result;
 pub(super) async fn run(cli: &Cli) -> Result<()> {
     let config = load_config(cli)?;
     open(&config).await?;
-    outln!("{}: schema is up to date", config.store.url);
+    outln!(
+        "{}: schema is up to date",
+        mailroom::redact::url(&config.store.url)
+    );
     Ok(())
 }

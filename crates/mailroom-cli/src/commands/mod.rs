@@ -68,11 +68,18 @@ pub(crate) fn load_config(cli: &Cli) -> Result<Config> {
 async fn open(config: &Config) -> Result<Arc<dyn Store>> {
     let store = mailroom::open_store(&config.store.url, config.store.group_commit)
         .await
-        .with_context(|| format!("cannot open the store {}", config.store.url))?;
-    store
-        .migrate()
-        .await
-        .with_context(|| format!("cannot migrate the store {}", config.store.url))?;
+        .with_context(|| {
+            format!(
+                "cannot open the store {}",
+                mailroom::redact::url(&config.store.url)
+            )
+        })?;
+    store.migrate().await.with_context(|| {
+        format!(
+            "cannot migrate the store {}",
+            mailroom::redact::url(&config.store.url)
+        )
+    })?;
     Ok(store)
 }
 

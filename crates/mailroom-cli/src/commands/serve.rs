@@ -78,7 +78,7 @@ fn announce(
     local: std::net::SocketAddr,
     undeclared: bool,
 ) {
-    tracing::info!(listen = %local, store = %config.store.url, config = %config.origin, "mailroom is serving");
+    tracing::info!(listen = %local, store = %mailroom::redact::url(&config.store.url), config = %config.origin, "mailroom is serving");
     if engine.alert_rules().any() {
         tracing::info!(
             window = %mailroom::duration::format(mailroom::alert::ALERT_WINDOW),

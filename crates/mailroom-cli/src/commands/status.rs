@@ -19,7 +19,10 @@ pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
     }
     let empty = |t: &TopicAnswer| t.counts.values().all(|n| *n == 0);
     if answer.topics.iter().all(empty) {
-        outln!("no events yet in {}", config.store.url);
+        outln!(
+            "no events yet in {}",
+            mailroom::redact::url(&config.store.url)
+        );
         return Ok(());
     }
     print_table(&answer.topics);

@@ -2,9 +2,16 @@
 //! payload on stdin and the envelope in `MAILROOM_*` environment variables.
 //! Exit 0 is success, 65 (`EX_DATAERR`) a permanent failure, anything else a
 //! retry; the tail of stderr becomes the error text.
+//!
+//! The program does not inherit mailroom's environment, which holds its
+//! secrets (`MAILROOM_API_TOKEN`, passwords given through `${VAR}`): it gets
+//! [`BASE_ENV`] (and every `LC_*`) where mailroom has them, the variables
+//! its topic lists (`command = { argv = [...], env = ["NAME"] }`), and its
+//! own `MAILROOM_*` envelope, which wins over both.
 
 use super::{BatchOutcome, Handler, tail};
 use mailroom_core::{Event, Outcome};
+use std::ffi::OsString;
 use std::process::Stdio;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -13,22 +20,69 @@ pub const PERMANENT_EXIT: i32 = 65;
 /// How much of stderr is kept as error text.
 const STDERR_TAIL: usize = 2048;
 
+/// The variables of mailroom's environment a program always gets when they
+/// are set, besides every `LC_*`: what finds programs (`PATH`), their files
+/// (`HOME`, `TMPDIR`) and formats text and times (`LANG`, `TZ`). None of
+/// them is where a secret is kept.
+pub const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
+
 /// Runs a program per event.
 #[derive(Debug, Clone)]
 pub struct CommandHandler {
     argv: Vec<String>,
+    /// What the program gets from mailroom's environment, read once when
+    /// the handler is built.
+    inherited: Vec<(OsString, OsString)>,
 }
 
 impl CommandHandler {
-    /// `argv[0]` is the program; it must not be empty.
+    /// `argv[0]` is the program; it must not be empty. The program gets
+    /// [`BASE_ENV`] and `LC_*` from this process's environment, nothing else
+    /// of it unless [`pass_env`](Self::pass_env) names it.
     pub fn new(argv: Vec<String>) -> Result<Self, String> {
         if argv.first().is_none_or(String::is_empty) {
             return Err(
                 "command: give the program and its arguments, e.g. [\"./handle.sh\"]".into(),
             );
         }
-        Ok(Self { argv })
+        Ok(Self {
+            argv,
+            inherited: inherited(&[], std::env::vars_os()),
+        })
     }
+
+    /// Also passes these variables of this process's environment, where
+    /// set (`command = { ..., env = ["NAME"] }`). Each name is a shell
+    /// variable name (`[A-Za-z_][A-Za-z0-9_]*`).
+    pub fn pass_env(mut self, names: &[String]) -> Result<Self, String> {
+        if let Some(bad) = names.iter().find(|n| !is_env_name(n)) {
+            return Err(format!(
+                "env: {bad:?} is not a variable name (letters, digits and _, not starting with a digit)"
+            ));
+        }
+        self.inherited = inherited(names, std::env::vars_os());
+        Ok(self)
+    }
+}
+
+/// Whether `name` is a portable environment variable name (POSIX.1-2017
+/// §8.1: letters, digits and `_`, not starting with a digit).
+pub fn is_env_name(name: &str) -> bool {
+    name.chars().next().is_some_and(|c| !c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The variables of `vars` a program gets: [`BASE_ENV`], `LC_*` and `names`.
+fn inherited(
+    names: &[String],
+    vars: impl Iterator<Item = (OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    vars.filter(|(name, _)| {
+        name.to_str().is_some_and(|n| {
+            BASE_ENV.contains(&n) || n.starts_with("LC_") || names.iter().any(|w| w == n)
+        })
+    })
+    .collect()
 }
 
 impl CommandHandler {
@@ -41,6 +95,9 @@ impl CommandHandler {
             .stderr(Stdio::piped())
             // The attempt's timeout drops this future; the child must die with it.
             .kill_on_drop(true)
+            // Nothing of mailroom's environment but what the program is given.
+            .env_clear()
+            .envs(self.inherited.iter().map(|(k, v)| (k, v)))
             .envs(env);
         let mut child = match cmd.spawn() {
             Ok(c) => c,

@@ -127,10 +127,12 @@ impl HttpHandler {
         let req = self.request(webhook_id, content_type, &body, extra);
         match req.body(body).send().await {
             Ok(resp) => self.judge(resp).await,
+            // Stored, shown and logged: the URL without its secrets, and
+            // reqwest's own text without the URL it would repeat verbatim.
             Err(e) => Answer::Failure(Outcome::retry(format!(
                 "request to {} failed: {}",
-                self.settings.url,
-                error_chain(&e)
+                mailroom_core::redact::url(self.settings.url.as_str()),
+                error_chain(&e.without_url())
             ))),
         }
     }

@@ -58,7 +58,10 @@ impl AlertNotify {
     /// An http(s) URL and at least one attempt.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if !matches!(self.url.scheme(), "http" | "https") {
-            return Err(format!("url: must be http or https, got {}", self.url));
+            return Err(format!(
+                "url: must be http or https, got {}",
+                mailroom_core::redact::url(self.url.as_str())
+            ));
         }
         if self.max_attempts == 0 {
             return Err("max_attempts: must be at least 1".into());
@@ -211,7 +214,7 @@ async fn post(
         .body(body.to_vec())
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.without_url().to_string())?;
     if resp.status().is_success() {
         Ok(())
     } else {
