@@ -199,3 +199,52 @@ impl Flood {
         }
     }
 }
+
+/// A JSON request whose right answer is a 400 problem naming `field`.
+pub struct Probe {
+    pub class: &'static str,
+    pub url: String,
+    pub body: serde_json::Value,
+    pub field: &'static str,
+}
+
+/// Sends each of `probes` in turn until `until`, tallying `400` only when
+/// the problem's `detail` names its field (else `400 without <field>`, the
+/// status, or `closed` when the server ended the exchange without an
+/// answer, as a panicking request does).
+pub async fn probe_loop(
+    http: reqwest::Client,
+    probes: Vec<Probe>,
+    tally: Tally,
+    pause: Duration,
+    until: Instant,
+) {
+    for p in probes.iter().cycle() {
+        if Instant::now() >= until {
+            return;
+        }
+        // `POST /v1/events` needs one; the pull routes ignore it.
+        let req = http
+            .post(&p.url)
+            .header("idempotency-key", "hostile-probe")
+            .header("content-type", "application/json")
+            .body(p.body.to_string());
+        let outcome = match req.send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let body = resp.bytes().await.unwrap_or_default();
+                let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let detail = body["detail"].as_str().unwrap_or_default();
+                match status {
+                    400 if detail.starts_with(p.field) => "400".to_owned(),
+                    400 => format!("400 without {}", p.field),
+                    other => other.to_string(),
+                }
+            }
+            Err(e) if e.is_connect() => "client: connect failed".to_owned(),
+            Err(_) => "closed".to_owned(),
+        };
+        tally.add(p.class, outcome);
+        tokio::time::sleep(pause).await;
+    }
+}

@@ -1,8 +1,10 @@
 //! (9) Slow and hostile clients against a real `mailroom serve`: slow
 //! header and slow body senders (one byte per second), oversized bodies
 //! (with a length and chunked), malformed JSON to `/v1/events`, invalid
-//! UTF-8 in a header value and in a header name, and a flood of bad
-//! signatures, while a well-behaved client sends signed webhooks throughout.
+//! UTF-8 in a header value and in a header name, a flood of bad
+//! signatures, huge numbers of seconds for a pull worker's lease and retry
+//! (claim, nack, extend), and control characters in an event's key and
+//! type, while a well-behaved client sends signed webhooks throughout.
 //!
 //! Then unsigned posts to undeclared sources named after configured topics
 //! (`reports`, a topic with no source of its name), directly and with a
@@ -27,7 +29,7 @@ use crate::backend::Backend;
 use crate::faults::check::Expect;
 use crate::faults::{Report, store};
 use crate::procfs;
-use attacks::{Flood, SECRET, Tally, github_signature, raw_loop, slowloris};
+use attacks::{Flood, Probe, SECRET, Tally, github_signature, probe_loop, raw_loop, slowloris};
 use good::{Calls, Usage, WellBehaved};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -56,6 +58,11 @@ const EXPECTED: &[(&str, &[&str], &str)] = &[
     ("utf8 header value", &["401"], "unauthorized"),
     ("utf8 header name", &["400"], "malformed"),
     ("bad signature", &["401"], "unauthorized"),
+    ("huge lease on claim", &["400"], "bad_request"),
+    ("huge retry_in on nack", &["400"], "bad_request"),
+    ("huge lease on extend", &["400"], "bad_request"),
+    ("control characters in key", &["400"], "bad_request"),
+    ("control characters in type", &["400"], "bad_request"),
 ];
 
 pub fn applies(b: &Backend) -> bool {
@@ -96,6 +103,9 @@ handler = {{ http = {{ url = "{receiver}" }} }}
 [[topic]]
 name = "{UNDECLARED_TARGET}"
 handler = {{ http = {{ url = "{receiver}" }} }}
+
+[[topic]]
+name = "pulled"
 "#
     )
 }
@@ -196,6 +206,9 @@ async fn attack(addr: SocketAddr, base: &str, s: &Scale, tally: &Tally) -> anyho
         let pause = Duration::from_millis(50);
         tasks.spawn(raw_loop(addr, requests, tally.clone(), pause, until));
     }
+    let http = crate::faults::load::http();
+    let pause = Duration::from_millis(20);
+    tasks.spawn(probe_loop(http, probes(base), tally.clone(), pause, until));
     while tasks.join_next().await.is_some() {}
     Ok(())
 }
@@ -248,6 +261,47 @@ fn floods(base: &str, s: &Scale) -> anyhow::Result<Vec<Flood>> {
             workers: 4,
         },
     ])
+}
+
+/// Numbers and text a JSON client can send that a request must refuse
+/// (400 naming the field) without panicking: a lease or retry delay of
+/// 1e308 seconds, control characters in a key or type. The nack and extend
+/// are refused before their event is looked up, so any event id serves.
+fn probes(base: &str) -> Vec<Probe> {
+    let id = "0190a000-0000-7000-8000-000000000000";
+    let event = |key: &str, kind: &str| serde_json::json!({"topic": "signed", "key": key, "type": kind, "payload": {"hostile": true}});
+    vec![
+        Probe {
+            class: "huge lease on claim",
+            url: format!("{base}/v1/topics/pulled/claim"),
+            body: serde_json::json!({"max": 1, "lease": 1e308}),
+            field: "lease",
+        },
+        Probe {
+            class: "huge retry_in on nack",
+            url: format!("{base}/v1/events/{id}/nack"),
+            body: serde_json::json!({"token": 1, "retry_in": 1e300}),
+            field: "retry_in",
+        },
+        Probe {
+            class: "huge lease on extend",
+            url: format!("{base}/v1/events/{id}/extend"),
+            body: serde_json::json!({"token": 1, "lease": 1e300}),
+            field: "lease",
+        },
+        Probe {
+            class: "control characters in key",
+            url: format!("{base}/v1/events"),
+            body: event("k\r\nX-Evil: 1", "order.paid"),
+            field: "key",
+        },
+        Probe {
+            class: "control characters in type",
+            url: format!("{base}/v1/events"),
+            body: event("k", "t\u{1b}[31m\0"),
+            field: "type",
+        },
+    ]
 }
 
 /// Raw requests no HTTP client would send: invalid UTF-8 in a header value
