@@ -161,11 +161,15 @@ impl Target<'_> {
                 .send()
                 .await;
             let Ok(answer) = answer else {
+                let at = self.rec.now();
+                self.rec.lock().answers.push((sent_at, at, 0));
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             };
             let status = answer.status().as_u16();
             let bytes = answer.bytes().await.unwrap_or_default();
+            let at = self.rec.now();
+            self.rec.lock().answers.push((sent_at, at, status));
             if status == 200 {
                 if let Some(ack) = parse_ack(dedup_key, &bytes, sent_at, self.rec) {
                     return Some(ack);

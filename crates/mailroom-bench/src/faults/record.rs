@@ -75,6 +75,9 @@ pub struct Record {
     pub disruptions: Vec<(Duration, Duration)>,
     /// Intake answers that were neither an ack nor a connection error, by status.
     pub refusals: Vec<(u16, Duration)>,
+    /// Every webhook intake request: when it was sent, when it was
+    /// answered (or failed), and the status (0: no answer).
+    pub answers: Vec<(Duration, Duration, u16)>,
 }
 
 /// The shared, lockable record and its clock.

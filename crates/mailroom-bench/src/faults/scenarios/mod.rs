@@ -7,6 +7,7 @@ mod hostile;
 mod kill9;
 mod lease;
 mod panic;
+mod pgfreeze;
 mod pgrestart;
 mod poison;
 mod rabbitmq;
@@ -55,6 +56,16 @@ pub const ALL: &[Scenario] = &[
         run: |quick, b| Box::pin(pgrestart::run(quick, b)),
     },
     Scenario {
+        name: "pghold",
+        applies: pgfreeze::applies,
+        run: |quick, b| Box::pin(pgfreeze::run_hold(quick, b)),
+    },
+    Scenario {
+        name: "pgdrop",
+        applies: pgfreeze::applies,
+        run: |quick, b| Box::pin(pgfreeze::run_drop(quick, b)),
+    },
+    Scenario {
         name: "diskfull",
         applies: diskfull::applies,
         run: |quick, b| Box::pin(diskfull::run(quick, b)),
@@ -63,6 +74,11 @@ pub const ALL: &[Scenario] = &[
         name: "rabbitmq",
         applies: any_store,
         run: |quick, b| Box::pin(rabbitmq::run(quick, b)),
+    },
+    Scenario {
+        name: "amqpfreeze",
+        applies: rabbitmq::freeze_applies,
+        run: |quick, b| Box::pin(rabbitmq::run_freeze(quick, b)),
     },
     Scenario {
         name: "lease",

@@ -10,9 +10,17 @@
 //! (from the broker's return to the first message consumed from it) and a
 //! full drain. The broker is a private node on its own ports: the shared
 //! one of the test services is never touched.
+//!
+//! `amqpfreeze` runs the same loads with mailroom's traffic to the broker
+//! dropped for a while (packets swallowed, connections left open, no RST)
+//! rather than the broker stopped, and also checks that `/readyz` turns
+//! 503 during the freeze (the AMQP heartbeat declared the connection dead)
+//! and that consuming, relaying and `/readyz` are back within 10 s of the
+//! heal.
 
 mod broker;
 
+use super::pgfreeze::{HEALED_WITHIN, Probes, log_lines, probe_ready, ready_after, show};
 use super::{Task, World, recovery};
 use crate::backend::Backend;
 use crate::faults::check::{self, Expect, Row};
@@ -20,6 +28,7 @@ use crate::faults::record::Record;
 use crate::faults::record::{Ack, Recorder};
 use crate::faults::{Report, store};
 use broker::{Node, Received};
+use mailroom_testkit::{Freeze, FreezeProxy};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,33 +74,83 @@ handler = {{ amqp = {{ exchange = "faults.x", routing_key = "out" }} }}
 }
 
 pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
+    run_with(quick, backend, Attack::Restart).await
+}
+
+/// `amqpfreeze` runs on SQLite only: what it attacks, the broker
+/// connection, works the same over either store (`pghold`/`pgdrop` freeze
+/// the PostgreSQL store's own traffic), and the quick matrix keeps its time.
+pub fn freeze_applies(b: &Backend) -> bool {
+    matches!(b, Backend::Sqlite)
+}
+
+/// `amqpfreeze`: the same loads, with the traffic between mailroom and the
+/// broker dropped (a `FreezeProxy`: connections left open, no RST, every
+/// byte swallowed, the connections open meanwhile dead for good) instead
+/// of a restart.
+pub async fn run_freeze(quick: bool, backend: Backend) -> anyhow::Result<Report> {
+    run_with(quick, backend, Attack::Freeze).await
+}
+
+/// What happens to the broker.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attack {
+    /// Stopped (SIGTERM), held down, started again.
+    Restart,
+    /// Its traffic from mailroom dropped, then healed.
+    Freeze,
+}
+
+async fn run_with(quick: bool, backend: Backend, attack: Attack) -> anyhow::Result<Report> {
     let secs = |s: [u64; 3]| s.map(Duration::from_secs);
-    let [before, down, after] = if quick {
-        secs([4, 3, 4])
-    } else {
-        secs([15, 10, 15])
+    let [before, down, after] = match (attack, quick) {
+        (Attack::Restart, true) => secs([4, 3, 4]),
+        (Attack::Restart, false) => secs([15, 10, 15]),
+        // Longer than the heartbeat's verdict (10 s), so the connection is
+        // declared dead and reconnections are tried during the freeze.
+        (Attack::Freeze, true) => secs([4, 15, 12]),
+        (Attack::Freeze, false) => secs([15, 30, 15]),
     };
     let node = Node::start().await?;
-    let world = World::new(&backend, Duration::ZERO, |r| config(&node.url, r)).await?;
+    let proxy = match attack {
+        Attack::Freeze => Some(FreezeProxy::start(&host_port(&node.url)?).await?),
+        Attack::Restart => None,
+    };
+    let mailroom_url = proxy
+        .as_ref()
+        .map_or_else(|| node.url.clone(), |p| p.url_for(&node.url));
+    let world = World::new(&backend, Duration::ZERO, |r| config(&mailroom_url, r)).await?;
     let mut serve = world.serve().await?;
     let loads = Loads::start(&node.url, &serve.base, &world.rec);
+    let (probes, prober) = probe_ready(serve.base.clone(), world.rec.clone());
     tokio::time::sleep(before).await;
     let stopped_at = world.rec.now();
-    node.stop().await?;
+    match &proxy {
+        Some(p) => p.set(Freeze::Drop),
+        None => node.stop().await?,
+    }
     tokio::time::sleep(down).await;
-    node.start_again().await?;
+    match &proxy {
+        Some(p) => p.heal(),
+        None => node.start_again().await?,
+    }
     let back = (world.rec.now(), Instant::now());
     world.rec.disrupted_between(stopped_at, back.0);
     let consumed_again =
         first_new_row(&world.fresh.url, "consumed", Duration::from_secs(60)).await?;
     tokio::time::sleep(after.saturating_sub(consumed_again.unwrap_or_default())).await;
+    drop(prober);
     let done = loads.finish(&world).await?;
     serve.signal_term()?;
     serve.wait_exit(Duration::from_secs(30)).await?;
     let rows = store::rows(&world.fresh.url).await?;
     let record = world.rec.snapshot();
     let verdict = consumed_verdict(&record, &rows);
-    let mut report = Report::new("rabbitmq", backend.name(), &record, verdict);
+    let name = match attack {
+        Attack::Restart => "rabbitmq",
+        Attack::Freeze => "amqpfreeze",
+    };
+    let mut report = Report::new(name, backend.name(), &record, verdict);
     judge_relay(&mut report, &record, &rows);
     judge(&mut report, &rows, &done);
     let relayed_again = done
@@ -101,17 +160,41 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         .find(|t| **t > back.1)
         .map(|t| *t - back.1);
     let acked_again = recovery(&record, &[back.0]);
-    report.recovery = [consumed_again, relayed_again, acked_again]
+    let ready_again = ready_after(&probes, back.0).map(|t| t - back.0);
+    let ready = match attack {
+        Attack::Freeze => ready_again,
+        Attack::Restart => None,
+    };
+    report.recovery = [consumed_again, relayed_again, acked_again, ready]
         .into_iter()
         .flatten()
         .max();
+    let outage = match attack {
+        Attack::Restart => "broker down",
+        Attack::Freeze => "traffic to the broker dropped",
+    };
     report.notes.push(format!(
-        "broker down {:.1}s (stop, hold, start); after it: first message consumed in {}, first relayed in {}, first API ack in {}",
+        "{outage} {:.1}s{}; after it: first message consumed in {}, first relayed in {}, first API ack in {}, /readyz green in {}",
         (back.0 - stopped_at).as_secs_f64(),
+        match attack {
+            Attack::Restart => " (stop, hold, start)".to_owned(),
+            Attack::Freeze => format!(", /readyz 503 after {}", show(not_ready_after(&probes, stopped_at))),
+        },
         show(consumed_again),
         show(relayed_again),
-        show(acked_again)
+        show(acked_again),
+        show(ready_again)
     ));
+    if attack == Attack::Freeze {
+        judge_freeze(
+            &mut report,
+            &probes,
+            stopped_at,
+            back.0,
+            [consumed_again, relayed_again, ready_again],
+        );
+        report.notes.push(log_lines(&serve));
+    }
     if done.drained.is_none() {
         let mut depths = Vec::new();
         for q in [IN_QUEUE, OUT_QUEUE] {
@@ -124,6 +207,68 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     }
     world.cleanup().await?;
     Ok(report)
+}
+
+/// `host:port` of an AMQP URL.
+fn host_port(url: &str) -> anyhow::Result<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?'])
+        .next()
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("no host:port in the AMQP URL"))
+}
+
+/// From `t` to the first `/readyz` 503 to a probe sent after it.
+fn not_ready_after(probes: &Probes, t: Duration) -> Option<Duration> {
+    let probes = probes.lock().unwrap_or_else(|e| e.into_inner());
+    probes
+        .iter()
+        .filter(|(sent, _, status)| *sent >= t && *status == 503)
+        .map(|(_, at, _)| *at - t)
+        .min()
+}
+
+/// The freeze's own checks: `/readyz` says the broker is down during the
+/// freeze (the heartbeat declared the connection dead) and answers within
+/// its bound; after the heal the connection consumes, relays and is ready
+/// again within [`HEALED_WITHIN`].
+fn judge_freeze(
+    report: &mut Report,
+    probes: &Probes,
+    from: Duration,
+    to: Duration,
+    back: [Option<Duration>; 3],
+) {
+    if not_ready_after(probes, from).is_none_or(|t| t > to - from) {
+        report
+            .failures
+            .push("/readyz never said not ready during the freeze".into());
+    }
+    let slowest = {
+        let probes = probes.lock().unwrap_or_else(|e| e.into_inner());
+        probes.iter().map(|(s, at, _)| *at - *s).max()
+    };
+    if let Some(s) = slowest.filter(|s| *s > Duration::from_secs(10)) {
+        report
+            .failures
+            .push(format!("a /readyz probe waited {:.1}s", s.as_secs_f64()));
+    }
+    for (what, t) in ["a message consumed", "a message relayed", "/readyz green"]
+        .into_iter()
+        .zip(back)
+    {
+        match t {
+            Some(t) if t <= HEALED_WITHIN => {}
+            Some(t) => report.failures.push(format!(
+                "{what} only {:.1}s after the heal (bound {} s)",
+                t.as_secs_f64(),
+                HEALED_WITHIN.as_secs()
+            )),
+            None => report.failures.push(format!("no {what} after the heal")),
+        }
+    }
 }
 
 /// The three loads: the publisher into the source's queue, the relay's
@@ -203,10 +348,6 @@ impl Loads {
             drained,
         })
     }
-}
-
-fn show(d: Option<Duration>) -> String {
-    d.map_or_else(|| "-".into(), |d| format!("{:.2}s", d.as_secs_f64()))
 }
 
 /// Posts relay events (`Idempotency-Key: r-<i>`) one after the other, each
