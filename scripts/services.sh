@@ -25,9 +25,9 @@ source "$REPO_ROOT/scripts/lib/services.sh"
 DIR="${MAILROOM_SERVICES_DIR:-$(mr_tmp_base)/mailroom-services-$(id -un)}"
 
 is_up() {
-  [[ -f "$DIR/env" && -f "$DIR/pg.port" && -f "$DIR/amqp.port" ]] || return 1
-  psql -X -q -h 127.0.0.1 -p "$(cat "$DIR/pg.port")" -U "$MR_PG_USER" -d postgres -c 'SELECT 1' \
-    >/dev/null 2>&1 || return 1
+  [[ -f "$DIR/env" && -f "$DIR/pg.port" && -f "$DIR/pgtls.port" && -f "$DIR/amqp.port" ]] || return 1
+  mr_pg_answers "$(cat "$DIR/pg.port")" "" || return 1
+  mr_pg_answers "$(cat "$DIR/pgtls.port")" "sslmode=require" || return 1
   mr_amqp_handshake "$(cat "$DIR/amqp.port")"
 }
 

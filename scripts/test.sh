@@ -100,8 +100,9 @@ section "services: PostgreSQL 15 + RabbitMQ"
 STATE="$(mktemp -d "$(mr_tmp_base)/mailroom-test.XXXXXX")"
 t="$(mr_now)"
 mr_services_up "$STATE"
-export MAILROOM_TEST_POSTGRES_URL="$MR_PG_URL"
-export MAILROOM_TEST_AMQP_URL="$MR_AMQP_URL"
+# Every MAILROOM_TEST_* variable the tests read (servers, certificates).
+# shellcheck source=/dev/null
+source "$STATE/env"
 mr_log "services ready in $(mr_since "$t")"
 cat "$STATE/env" >&2
 

@@ -1,18 +1,21 @@
 # shellcheck shell=bash
 #
-# Throwaway PostgreSQL 15 + RabbitMQ for mailroom's tests.
+# Throwaway PostgreSQL 15 (plain, and a TLS-only cluster) + RabbitMQ for
+# mailroom's tests.
 #
 # Sourced by scripts/test.sh and scripts/services.sh; not meant to be run.
 # Everything lives in one state directory ($MR_STATE) so that teardown is
 # "stop what is recorded there, then rm -rf it":
 #
 #   $MR_STATE/
-#     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_AMQP_URL,
-#                       MAILROOM_TEST_TLS_DIR)
+#     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_POSTGRES_TLS_URL,
+#                       MAILROOM_TEST_AMQP_URL, MAILROOM_TEST_TLS_DIR)
 #     tls/              the test CA and certificates (mr_tls_certs)
 #     pg/data           PostgreSQL cluster (owned by `postgres` when run as root);
 #                       its unix socket lives here too
 #     pg/server.log     PostgreSQL server log
+#     pgtls/            a second cluster that accepts only TLS: data/, server.log,
+#                       its own 0600 copies of server.pem, server.key, ca.pem
 #     rabbit/           RabbitMQ private node: HOME (erlang cookie), mnesia, logs,
 #                       config, pid file (owned by `rabbitmq` when run as root)
 #     rabbit.pgid       process group of the node (started under setsid)
@@ -151,16 +154,16 @@ mr_tmp_base() {
 
 mr_state_init() {
   # $1: state dir to create (must not exist or be empty); $2...: the
-  # services to make room for, `pg` and/or `rabbit` (default: both).
+  # services to make room for, `pg`, `pgtls` and/or `rabbit` (default: all).
   MR_STATE="$1"; shift
   local service user
   mkdir -p "$MR_STATE"
   # Service accounts must be able to traverse into it.
   chmod 0755 "$MR_STATE"
-  (($#)) || set -- pg rabbit
+  (($#)) || set -- pg pgtls rabbit
   for service in "$@"; do
     case "$service" in
-      pg) user=postgres ;;
+      pg | pgtls) user=postgres ;;
       rabbit) user=rabbitmq ;;
       *) mr_die "mr_state_init: unknown service $service" ;;
     esac
@@ -223,47 +226,99 @@ mr_tls_certs() {
 
 # -------------------------------------------------------------- PostgreSQL --
 
-mr_pg_start() {
-  local start attempt port pgdata="$MR_STATE/pg/data" log="$MR_STATE/pg/server.log"
-  start="$(mr_now)"
-  mr_log "PostgreSQL: initdb"
-  mr_as postgres "$MR_PG_BIN/initdb" -D "$pgdata" -U "$MR_PG_USER" --auth=trust \
-    -E UTF8 --locale=C.UTF-8 --no-sync >"$MR_STATE/pg/initdb.log" 2>&1 \
-    || { mr_tail "$MR_STATE/pg/initdb.log"; mr_die "initdb failed"; }
+# initdb for the cluster in $MR_STATE/$1/data.
+mr_pg_init() {
+  local sub="$1"
+  mr_log "PostgreSQL ($sub): initdb"
+  mr_as postgres "$MR_PG_BIN/initdb" -D "$MR_STATE/$sub/data" -U "$MR_PG_USER" --auth=trust \
+    -E UTF8 --locale=C.UTF-8 --no-sync >"$MR_STATE/$sub/initdb.log" 2>&1 \
+    || { mr_tail "$MR_STATE/$sub/initdb.log"; mr_die "initdb ($sub) failed"; }
+}
+
+# Starts the cluster mr_pg_init made in $MR_STATE/$1 on a free loopback
+# port, with the server settings $2 (`-c name=value ...`, may be empty),
+# and waits until the superuser logs in over TCP with the libpq connection
+# parameters $3 (e.g. `sslmode=require`, may be empty). Records the port
+# in $MR_STATE/$1.port and sets MR_PG_PORT.
+mr_pg_launch() {
+  local sub="$1" settings="$2" conninfo="${3:-}" attempt port
+  local pgdata="$MR_STATE/$sub/data" log="$MR_STATE/$sub/server.log"
   for attempt in 1 2 3; do
     port="$(mr_free_port)"
-    mr_log "PostgreSQL: starting on 127.0.0.1:$port (attempt $attempt)"
+    mr_log "PostgreSQL ($sub): starting on 127.0.0.1:$port (attempt $attempt)"
     if mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -l "$log" -w -t "$MR_START_TIMEOUT" \
         -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='$pgdata' \
             -c fsync=on -c synchronous_commit=on -c max_connections=300 \
-            -c log_min_messages=warning" \
-        start >>"$MR_STATE/pg/pg_ctl.log" 2>&1; then
-      echo "$port" >"$MR_STATE/pg.port"
+            -c log_min_messages=warning $settings" \
+        start >>"$MR_STATE/$sub/pg_ctl.log" 2>&1; then
+      echo "$port" >"$MR_STATE/$sub.port"
       break
     fi
     # Lost a race for the port, or a real failure: show why, maybe retry.
-    mr_tail "$log" "$MR_STATE/pg/pg_ctl.log"
+    mr_tail "$log" "$MR_STATE/$sub/pg_ctl.log"
     mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m immediate stop >/dev/null 2>&1 || true
-    grep -qi 'address already in use' "$log" 2>/dev/null || mr_die "PostgreSQL failed to start"
+    grep -qi 'address already in use' "$log" 2>/dev/null || mr_die "PostgreSQL ($sub) failed to start"
   done
-  [[ -f "$MR_STATE/pg.port" ]] || mr_die "PostgreSQL failed to start (ports in use)"
+  [[ -f "$MR_STATE/$sub.port" ]] || mr_die "PostgreSQL ($sub) failed to start (ports in use)"
   # pg_ctl -w says the postmaster is up; prove it accepts TCP logins from us.
   local deadline=$((SECONDS + MR_START_TIMEOUT))
-  until psql -X -q -h 127.0.0.1 -p "$port" -U "$MR_PG_USER" -d postgres -c 'SELECT 1' >/dev/null 2>&1; do
+  until mr_pg_answers "$port" "$conninfo"; do
     if ((SECONDS > deadline)); then
       mr_tail "$log"
-      mr_die "PostgreSQL on 127.0.0.1:$port does not accept connections after ${MR_START_TIMEOUT}s"
+      mr_die "PostgreSQL ($sub) on 127.0.0.1:$port does not accept connections after ${MR_START_TIMEOUT}s"
     fi
     sleep 0.2
   done
-  MR_PG_URL="postgres://$MR_PG_USER@127.0.0.1:$port/postgres"
+  MR_PG_PORT="$port"
+}
+
+# True if the superuser runs `SELECT 1` on 127.0.0.1:$1 over TCP, with the
+# extra libpq connection parameters $2 (may be empty); with more arguments,
+# runs psql with those instead of `-c 'SELECT 1'`.
+mr_pg_answers() {
+  local port="$1" conninfo="${2:-}"
+  shift $(($# < 2 ? $# : 2))
+  (($#)) || set -- -c 'SELECT 1'
+  psql -X -q "host=127.0.0.1 port=$port user=$MR_PG_USER dbname=postgres $conninfo" "$@" >/dev/null 2>&1
+}
+
+mr_pg_start() {
+  local start; start="$(mr_now)"
+  mr_pg_init pg
+  mr_pg_launch pg ""
+  MR_PG_URL="postgres://$MR_PG_USER@127.0.0.1:$MR_PG_PORT/postgres"
   mr_log "PostgreSQL: ready ($MR_PG_URL) in $(mr_since "$start")"
 }
 
+# A second cluster, in $MR_STATE/pgtls, that accepts only TLS with the
+# server certificate of mr_tls_certs: hostssl lines only, the superuser by
+# trust, the role `mailroom` by its client certificate (client.pem,
+# CN=mailroom, signed by ca.pem). Sets MR_PG_TLS_URL.
+mr_pg_tls_start() {
+  local start d="$MR_STATE/pgtls"
+  start="$(mr_now)"
+  mr_pg_init pgtls
+  # PostgreSQL refuses a key that others can read: its own copies, 0600.
+  mr_as postgres install -m 0600 "$MR_TLS_DIR/server.pem" "$MR_TLS_DIR/server.key" \
+    "$MR_TLS_DIR/ca.pem" "$d/" || mr_die "PostgreSQL (pgtls): cannot copy the certificates"
+  printf '%s\n' '# TLS only: no host or local line, so every plain connection is refused.' \
+    'hostssl all postgres 127.0.0.1/32 trust' \
+    'hostssl all mailroom 127.0.0.1/32 cert' \
+    | mr_as postgres sh -c "cat >'$d/data/pg_hba.conf'"
+  mr_pg_launch pgtls "-c ssl=on -c ssl_cert_file='$d/server.pem' -c ssl_key_file='$d/server.key' \
+    -c ssl_ca_file='$d/ca.pem'" "sslmode=require"
+  mr_pg_answers "$MR_PG_PORT" "sslmode=require" -c 'CREATE ROLE mailroom LOGIN' \
+    || mr_die "PostgreSQL (pgtls): cannot create the role mailroom"
+  MR_PG_TLS_URL="postgres://$MR_PG_USER@localhost:$MR_PG_PORT/postgres"
+  mr_log "PostgreSQL (TLS only): ready ($MR_PG_TLS_URL) in $(mr_since "$start")"
+}
+
 mr_pg_stop() {
-  local pgdata="$MR_STATE/pg/data"
+  # $1: the cluster's sub-dir of $MR_STATE (default: pg).
+  local sub="${1:-pg}"
+  local pgdata="$MR_STATE/$sub/data"
   [[ -f "$pgdata/postmaster.pid" ]] || return 0
-  mr_log "PostgreSQL: stopping"
+  mr_log "PostgreSQL ($sub): stopping"
   # immediate: no shutdown checkpoint, the data is deleted right after.
   mr_as postgres "$MR_PG_BIN/pg_ctl" -D "$pgdata" -m immediate -t 30 -w stop >/dev/null 2>&1 \
     || {
@@ -438,6 +493,7 @@ mr_rabbit_stop() {
 mr_write_env() {
   {
     echo "export MAILROOM_TEST_POSTGRES_URL='$MR_PG_URL'"
+    echo "export MAILROOM_TEST_POSTGRES_TLS_URL='$MR_PG_TLS_URL'"
     echo "export MAILROOM_TEST_AMQP_URL='$MR_AMQP_URL'"
     echo "export MAILROOM_TEST_TLS_DIR='$MR_TLS_DIR'"
   } >"$MR_STATE/env"
@@ -449,6 +505,7 @@ mr_services_up() {
   mr_state_init "$1"
   mr_tls_certs
   mr_pg_start
+  mr_pg_tls_start
   mr_rabbit_start
   mr_write_env
 }
@@ -459,5 +516,6 @@ mr_services_down() {
   [[ -n "$MR_STATE" && -d "$MR_STATE" ]] || return 0
   mr_rabbit_stop || true
   mr_pg_stop || true
+  mr_pg_stop pgtls || true
   rm -rf -- "$MR_STATE"
 }
