@@ -23,7 +23,8 @@
 //! - `timeouts`: how long every operation waits for the database, the
 //!   pool's bounded health checks, and the server-side session bounds.
 //! - [`PostgresOptions`]: pool size, group commit, queue bounds, from a
-//!   `postgres://` URL.
+//!   `postgres://` URL; `tls`: libpq's `sslmode`, `sslrootcert`, `sslcert`,
+//!   `sslkey` checked when the URL is read, TLS failures explained.
 //!
 //! Durability: connections run with `synchronous_commit = on`, so a method
 //! that returns `Ok` has been flushed to the WAL (SPEC §2.1).
@@ -38,6 +39,7 @@ mod schema;
 mod sql;
 mod store;
 mod timeouts;
+mod tls;
 mod vacuum;
 mod writer;
 

@@ -39,6 +39,12 @@ pub struct PostgresOptions {
 
 impl PostgresOptions {
     /// Defaults for the database at `url` (`postgres://user@host:port/db`).
+    ///
+    /// TLS takes libpq's parameters: `sslmode` (`disable`, `prefer` (the
+    /// default), `require`, `verify-ca`, `verify-full`), `sslrootcert`
+    /// (a CA file, or `system` for the system's roots), `sslcert` and
+    /// `sslkey` (a client certificate). The files are read here, so a
+    /// wrong path is an error now, not at the first connection.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
             return Err(StoreError::Invalid(format!(
@@ -46,9 +52,9 @@ impl PostgresOptions {
                 redact(url)
             )));
         }
-        let connect = PgConnectOptions::from_str(url)
+        let connect = PgConnectOptions::from_str(&crate::tls::for_sqlx(url)?)
             .map_err(|e| StoreError::Invalid(format!("postgres URL {:?}: {e}", redact(url))))?;
-        Ok(Self::new(connect))
+        Ok(Self::new(crate::tls::apply(url, connect)?))
     }
 
     /// Defaults for the database `connect` names.

@@ -94,6 +94,7 @@ impl PostgresStore {
     /// once connected, the pool reconnects by itself after outages.
     pub async fn connect(opts: PostgresOptions) -> Result<Self> {
         opts.validate()?;
+        crate::tls::log_mode(&opts.connect);
         // Durability does not depend on the server's default (SPEC §2.1).
         let connect = opts
             .connect

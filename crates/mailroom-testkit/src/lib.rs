@@ -5,7 +5,10 @@
 //!
 //! * [`POSTGRES_URL_VAR`] = `postgres://postgres@127.0.0.1:<port>/postgres`
 //!   (a superuser, so tests may `CREATE DATABASE`);
-//! * [`AMQP_URL_VAR`] = `amqp://guest:guest@127.0.0.1:<port>/%2f`.
+//! * [`AMQP_URL_VAR`] = `amqp://guest:guest@127.0.0.1:<port>/%2f`;
+//! * [`POSTGRES_TLS_URL_VAR`] = `postgres://postgres@localhost:<port>/postgres`,
+//!   a second PostgreSQL that accepts only TLS (its certificate and CA in
+//!   [`TLS_DIR_VAR`]; the role `mailroom` logs in with `client.pem`).
 //!
 //! Both helpers **panic** when their variable is missing: a test that needs
 //! a server must fail, never silently skip, when the server is not there.
@@ -38,6 +41,13 @@ pub use private_rabbit::PrivateRabbit;
 pub const POSTGRES_URL_VAR: &str = "MAILROOM_TEST_POSTGRES_URL";
 /// Environment variable holding the URL of the test RabbitMQ broker.
 pub const AMQP_URL_VAR: &str = "MAILROOM_TEST_AMQP_URL";
+/// Environment variable holding the admin URL (no `sslmode`) of the test
+/// PostgreSQL server that accepts only TLS connections.
+pub const POSTGRES_TLS_URL_VAR: &str = "MAILROOM_TEST_POSTGRES_TLS_URL";
+/// Environment variable naming the directory of the test CA and
+/// certificates (`ca.pem`, `other-ca.pem`, `server.pem`/`.key`,
+/// `expired.pem`/`.key`, `client.pem`/`.key`).
+pub const TLS_DIR_VAR: &str = "MAILROOM_TEST_TLS_DIR";
 
 fn required_env(var: &str) -> String {
     match std::env::var(var) {
@@ -67,6 +77,44 @@ pub fn amqp_url() -> String {
     required_env(AMQP_URL_VAR)
 }
 
+/// The admin URL of the TLS-only test PostgreSQL server
+/// (`MAILROOM_TEST_POSTGRES_TLS_URL`), without TLS parameters: add them.
+///
+/// # Panics
+/// If the variable is not set.
+pub fn postgres_tls_admin_url() -> String {
+    required_env(POSTGRES_TLS_URL_VAR)
+}
+
+/// The directory of the test CA and certificates (`MAILROOM_TEST_TLS_DIR`).
+///
+/// # Panics
+/// If the variable is not set.
+pub fn tls_dir() -> std::path::PathBuf {
+    required_env(TLS_DIR_VAR).into()
+}
+
+/// `url` with `params` (`name=value&...`) appended to its query string.
+pub fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// Like [`fresh_postgres_db`], on the TLS-only server: a new database and
+/// its URL with `sslmode=verify-full&sslrootcert=<tls dir>/ca.pem`.
+///
+/// # Panics
+/// If `MAILROOM_TEST_POSTGRES_TLS_URL` or `MAILROOM_TEST_TLS_DIR` is not
+/// set, or the server cannot be reached, or `CREATE DATABASE` fails.
+pub async fn fresh_postgres_tls_db() -> String {
+    let ca = tls_dir().join("ca.pem");
+    let admin = with_params(
+        &postgres_tls_admin_url(),
+        &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+    );
+    create_db(&admin).await
+}
+
 /// Creates a new, empty, uniquely named database on the test PostgreSQL
 /// server and returns its URL. Databases are not dropped: the server is
 /// thrown away at the end of the run.
@@ -75,11 +123,15 @@ pub fn amqp_url() -> String {
 /// If `MAILROOM_TEST_POSTGRES_URL` is not set, or the server cannot be
 /// reached, or `CREATE DATABASE` fails.
 pub async fn fresh_postgres_db() -> String {
-    let admin = postgres_admin_url();
+    create_db(&postgres_admin_url()).await
+}
+
+/// A new database on the server `admin` names; its URL.
+async fn create_db(admin: &str) -> String {
     let name = format!("mailroom_test_{}", uuid::Uuid::now_v7().simple());
-    let mut conn = sqlx::PgConnection::connect(&admin)
+    let mut conn = sqlx::PgConnection::connect(admin)
         .await
-        .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}={admin}: {e}"));
+        .unwrap_or_else(|e| panic!("connecting to {admin}: {e}"));
     // The name is ours (prefix + hex), so quoting is enough.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
         .execute(&mut conn)
@@ -87,7 +139,7 @@ pub async fn fresh_postgres_db() -> String {
         .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin}: {e}"));
     // Closing is best effort; the database already exists.
     let _ = conn.close().await;
-    with_database(&admin, &name)
+    with_database(admin, &name)
 }
 
 /// `url` with its database (path) replaced by `db`, keeping any query string.

@@ -83,7 +83,7 @@ pub(crate) fn db(context: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
         sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("22")) => {
             StoreError::Invalid(format!("postgres: {context}: {e}"))
         }
-        _ => StoreError::Unavailable(format!("postgres: {context}: {e}")),
+        _ => StoreError::Unavailable(format!("postgres: {context}: {}", crate::tls::describe(&e))),
     }
 }
 
