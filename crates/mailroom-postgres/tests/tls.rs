@@ -37,7 +37,7 @@ async fn open(url: &str) -> Result<PostgresStore, StoreError> {
 /// Opens a store that must fail, within [`FAST`]; its error text.
 async fn refused(url: &str) -> String {
     let started = Instant::now();
-    let e = open(url).await.err().expect("the connection is refused");
+    let e = open(url).await.expect_err("the connection is refused");
     assert!(
         started.elapsed() < FAST,
         "refused only after {:?}: {e}",
