@@ -22,6 +22,10 @@ pub struct Config {
     /// [`Config::accept_undeclared_sources`].
     #[serde(default)]
     pub accept_undeclared_sources: Option<bool>,
+    /// With `api_token` set, `/metrics` and the detail of `/readyz` need
+    /// the token too (default false: both open, for scrapers and probes).
+    #[serde(default)]
+    pub protect_metrics: bool,
     /// The store.
     #[serde(default)]
     pub store: StoreConfig,
@@ -64,6 +68,7 @@ impl Default for Config {
             listen: default_listen(),
             api_token: None,
             accept_undeclared_sources: None,
+            protect_metrics: false,
             store: StoreConfig::default(),
             retention: RetentionConfig::default(),
             alerts: AlertsConfig::default(),

@@ -102,6 +102,44 @@ impl Config {
         }
     }
 
+    /// The listen address, checked against the tokens that guard it: a
+    /// listener that is not loopback needs `api_token`, and every token
+    /// then at least 32 characters, or 16 mixing three kinds of character
+    /// (whoever reaches the port may try to guess it).
+    pub fn checked_listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        let addr = self.listen_addr()?;
+        if addr.ip().is_loopback() {
+            return Ok(addr);
+        }
+        let tokens = self.api_tokens();
+        if tokens.is_empty() {
+            return Err(self.invalid(
+                "api_token",
+                format!(
+                    "listen = {addr} is not loopback and no api_token is set: anyone could read and replay events. \
+                     Set api_token (or MAILROOM_API_TOKEN), or listen on 127.0.0.1"
+                ),
+            ));
+        }
+        for (i, t) in tokens.iter().enumerate() {
+            if !strong_token(t) {
+                let key = if tokens.len() == 1 {
+                    "api_token".to_owned()
+                } else {
+                    format!("api_token[{i}]")
+                };
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "too weak for listen = {addr}, which is not loopback: {STRONG_TOKEN} \
+                         (e.g. `openssl rand -hex 32`)"
+                    ),
+                ));
+            }
+        }
+        Ok(addr)
+    }
+
     /// The API tokens (empty when none is configured).
     pub fn api_tokens(&self) -> Vec<String> {
         self.api_token
@@ -210,6 +248,25 @@ fn read_secret_file(path: &str) -> Result<String, String> {
 }
 
 /// `MAILROOM_LISTEN`, `MAILROOM_STORE_URL`, `MAILROOM_API_TOKEN` win over the file.
+/// The rule an `api_token` meets when the listener is not loopback.
+const STRONG_TOKEN: &str = "an api_token must be at least 32 characters, \
+     or at least 16 mixing three of lowercase, uppercase, digits and symbols";
+
+/// Whether `token` meets [`STRONG_TOKEN`].
+fn strong_token(token: &str) -> bool {
+    let chars = token.chars().count();
+    let classes = [
+        token.chars().any(|c| c.is_lowercase()),
+        token.chars().any(|c| c.is_uppercase()),
+        token.chars().any(|c| c.is_ascii_digit()),
+        token.chars().any(|c| !c.is_alphanumeric()),
+    ]
+    .into_iter()
+    .filter(|&present| present)
+    .count();
+    chars >= 32 || (chars >= 16 && classes >= 3)
+}
+
 fn apply_env_overrides(v: &mut toml::Value, env: &dyn Fn(&str) -> Option<String>) {
     let Some(root) = v.as_table_mut() else { return };
     if let Some(listen) = env("MAILROOM_LISTEN") {
@@ -344,6 +401,39 @@ mod tests {
             .to_string();
         assert!(err.contains("api_token") && err.contains("NOPE"), "{err}");
         assert_eq!(expand("a$$b", &env).ok().as_deref(), Some("a$b"));
+    }
+
+    /// A listener that is not loopback needs a token, and a strong one;
+    /// loopback takes any token or none.
+    #[test]
+    fn a_public_listener_needs_a_strong_token() {
+        let check = |text: &str| {
+            Config::from_toml("m.toml", text, &no_env)
+                .and_then(|c| c.checked_listen_addr())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let err = check("listen = \"0.0.0.0:8080\"\n").unwrap_err();
+        assert!(
+            err.contains("api_token") && err.contains("not loopback"),
+            "{err}"
+        );
+        let err = check("listen = \"0.0.0.0:8080\"\napi_token = \"a\"\n").unwrap_err();
+        assert!(
+            err.contains("m.toml: api_token: too weak") && err.contains("32 characters"),
+            "{err}"
+        );
+        let err = check("listen = \"0.0.0.0:8080\"\napi_token = [\"0123456789abcdef0123456789abcdef\", \"password12345678\"]\n")
+            .unwrap_err();
+        assert!(err.contains("api_token[1]: too weak"), "{err}");
+        assert!(
+            check("listen = \"0.0.0.0:8080\"\napi_token = \"0123456789abcdef0123456789abcdef\"\n")
+                .is_ok()
+        );
+        assert!(check("listen = \"[::]:8080\"\napi_token = \"Mixed-Case-99-ok\"\n").is_ok());
+        assert!(check("listen = \"[::]:8080\"\napi_token = \"mixedcase99nope1\"\n").is_err());
+        assert!(check("api_token = \"a\"\n").is_ok());
+        assert!(check("").is_ok());
     }
 
     /// `MAILROOM_LISTEN` and `MAILROOM_STORE_URL` win over the file.

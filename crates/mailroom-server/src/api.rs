@@ -110,7 +110,8 @@ async fn cancel(State(s): State<AppState>, Path(id): Path<String>) -> Result<Jso
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
-/// Body of `POST /v1/cancel`: which pending events to cancel.
+/// Body of `POST /v1/cancel`: which pending events to cancel. A `topic`
+/// or `key` is required, or `"all": true` to cancel every pending event.
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
@@ -118,20 +119,48 @@ pub struct CancelBody {
     topic: Option<String>,
     /// Only this key's events.
     key: Option<String>,
+    /// Every pending event: required when neither `topic` nor `key` is
+    /// given, so that an empty or missing body changes nothing.
+    #[serde(default)]
+    all: bool,
     /// Only count the matching pending events (the preview).
     #[serde(default)]
     dry_run: bool,
 }
 
+/// A bulk request without a filter is refused unless it says `"all": true`:
+/// a body lost on the way, or a cross-site form, must not touch every event.
+fn require_filter(
+    topic: Option<&String>,
+    key: Option<&String>,
+    all: bool,
+    what: &str,
+) -> Result<(), Problem> {
+    if topic.is_some() || key.is_some() || all {
+        Ok(())
+    } else {
+        Err(Problem::bad_request(format!(
+            "missing filter: give \"topic\" and/or \"key\", or \"all\": true to {what}"
+        )))
+    }
+}
+
 /// Cancels every pending event that matches the filter, or with `dry_run`
-/// counts them.
-#[utoipa::path(post, path = "/cancel", tag = "operator", request_body(content = Option<CancelBody>),
-    responses((status = 200, description = "How many matched and were cancelled", body = CancelReport)))]
+/// counts them. Without `topic` or `key`, `"all": true` is required.
+#[utoipa::path(post, path = "/cancel", tag = "operator", request_body(content = CancelBody),
+    responses((status = 200, description = "How many matched and were cancelled", body = CancelReport),
+        (status = 400, description = "No filter and no `\"all\": true`, or a malformed body", body = crate::problem::ProblemBody, content_type = "application/problem+json")))]
 async fn cancel_matching(
     State(s): State<AppState>,
     body: Option<Json<CancelBody>>,
 ) -> Result<Json<CancelReport>, Problem> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
+    require_filter(
+        b.topic.as_ref(),
+        b.key.as_ref(),
+        b.all,
+        "cancel every pending event",
+    )?;
     let filter = ListFilter {
         topic: b.topic,
         key: b.key,
@@ -141,6 +170,8 @@ async fn cancel_matching(
 }
 
 /// Body of `POST /v1/replay`: which events to replay (default: dead ones).
+/// A `topic` or `key` is required, or `"all": true` to replay every event
+/// in the status.
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayBody {
@@ -151,16 +182,29 @@ pub struct ReplayBody {
     status: Option<String>,
     /// Only this key's events.
     key: Option<String>,
+    /// Every event in the status, across topics: required when neither
+    /// `topic` nor `key` is given, so that an empty or missing body changes
+    /// nothing.
+    #[serde(default)]
+    all: bool,
 }
 
 /// Replays every event that matches the filter (default: the dead ones).
-#[utoipa::path(post, path = "/replay", tag = "operator", request_body(content = Option<ReplayBody>),
-    responses((status = 200, description = "How many were replayed", body = ReplayReport)))]
+/// Without `topic` or `key`, `"all": true` is required.
+#[utoipa::path(post, path = "/replay", tag = "operator", request_body(content = ReplayBody),
+    responses((status = 200, description = "How many were replayed", body = ReplayReport),
+        (status = 400, description = "No filter and no `\"all\": true`, a malformed body, or status `running`", body = crate::problem::ProblemBody, content_type = "application/problem+json")))]
 async fn replay_matching(
     State(s): State<AppState>,
     body: Option<Json<ReplayBody>>,
 ) -> Result<Json<ReplayReport>, Problem> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
+    require_filter(
+        b.topic.as_ref(),
+        b.key.as_ref(),
+        b.all,
+        "replay every event in the status",
+    )?;
     let status = b
         .status
         .as_deref()

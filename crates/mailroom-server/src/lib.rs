@@ -65,6 +65,15 @@ pub struct ServerOptions {
     pub limits: limits::Limits,
     /// Reported by `/readyz` beside the store; any one down makes it 503.
     pub dependencies: Vec<Dependency>,
+    /// Whether clients reach this router over TLS (the listener serves
+    /// HTTPS, or a proxy in front does): the dashboard's session cookie is
+    /// then `Secure` and named with the `__Host-` prefix, so a browser
+    /// never sends it over plain HTTP nor lets another host set it.
+    pub tls: bool,
+    /// With `api_tokens` set, `/metrics` needs the bearer token too, and
+    /// `/readyz` answers others with its status and `{"ready": bool}`
+    /// only (the detail may name hosts and errors). `/healthz` stays open.
+    pub protect_metrics: bool,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -74,6 +83,8 @@ impl std::fmt::Debug for ServerOptions {
             .field("metrics", &self.metrics.is_some())
             .field("limits", &self.limits)
             .field("dependencies", &self.dependencies)
+            .field("tls", &self.tls)
+            .field("protect_metrics", &self.protect_metrics)
             .finish()
     }
 }
@@ -88,16 +99,20 @@ pub struct AppState {
     inflight: Arc<idempotency::InFlight>,
     rate: Arc<limits::RateLimiter>,
     dashboard: Arc<dashboard::Dashboard>,
+    tokens: Arc<auth::Tokens>,
+    auth_failures: Arc<auth::Failures>,
 }
 
 /// The whole HTTP surface.
 pub fn router(engine: Engine, options: ServerOptions) -> Router {
     let state = AppState {
         engine,
+        tokens: Arc::new(auth::Tokens::new(&options.api_tokens)),
         options: Arc::new(options),
         inflight: Arc::default(),
         rate: Arc::default(),
         dashboard: Arc::default(),
+        auth_failures: Arc::default(),
     };
     let max_in_flight = state.options.limits.max_concurrent_requests.max(1);
     let rejected = Arc::new(rejections::RejectionLog::new(
@@ -108,6 +123,10 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
     let routes = routes
         .merge(dashboard::routes(state.clone()))
         .layer(Extension(openapi::Document::new(&openapi::finish(api))))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::local_only,
+        ))
         .with_state(state);
     limits::shed_beyond(routes, max_in_flight).layer(axum::middleware::from_fn_with_state(
         rejected,
@@ -142,10 +161,14 @@ fn routes_parts() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
     (v1, rest)
 }
 
-/// Prometheus text format.
+/// Prometheus text format (with `protect_metrics`, behind the bearer token).
 #[utoipa::path(get, path = "/metrics", tag = "meta",
-    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4")))]
-async fn metrics(State(s): State<AppState>) -> Response {
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 401, description = "`protect_metrics` is on and the bearer token is missing or wrong", body = problem::ProblemBody, content_type = "application/problem+json")))]
+async fn metrics(State(s): State<AppState>, req: axum::extract::Request) -> Response {
+    if let Some(refused) = auth::refuse_protected_read(&s, &req) {
+        return refused;
+    }
     match &s.options.metrics {
         Some(render) => (
             StatusCode::OK,

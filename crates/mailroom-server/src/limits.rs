@@ -195,10 +195,10 @@ pub(crate) async fn serve_connections(
                 Err(_) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Per-connection errors (reset before accept) are routine;
                     // others (out of file descriptors) pass with time.
@@ -211,7 +211,16 @@ pub(crate) async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let conn = http.serve_connection(
             TokioIo::new(stream),
-            TowerToHyperService::new(router.clone()),
+            // The peer's address, for per-client limits (`ConnectInfo`, as
+            // axum's own `serve` provides it).
+            TowerToHyperService::new(tower::ServiceExt::map_request(
+                router.clone(),
+                move |mut req: http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    req
+                },
+            )),
         );
         let conn = graceful.watch(conn);
         tokio::spawn(finish_connection(conn, cut.clone(), rejected.clone(), slot));

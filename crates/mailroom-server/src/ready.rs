@@ -4,7 +4,7 @@
 //! probe's log) sees why without reading mailroom's logs.
 
 use crate::AppState;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use std::sync::Arc;
@@ -33,12 +33,15 @@ impl std::fmt::Debug for Dependency {
 
 /// 200 when everything is up, else 503 with `Retry-After: 1`; both with
 /// `{"ready", "store": {"up", "error"?}, "<kind>": [{"connection", "up"}]}`.
+/// With `protect_metrics`, a request without the bearer token gets the
+/// status and `{"ready"}` only.
 #[utoipa::path(get, path = "/readyz", tag = "meta",
     responses(
-        (status = 200, description = "Ready: `{\"ready\": true, \"store\": {\"up\": true}, \"amqp\": [{\"connection\", \"up\"}]}`", body = Object),
+        (status = 200, description = "Ready: `{\"ready\": true, \"store\": {\"up\": true}, \"amqp\": [{\"connection\", \"up\"}]}` (only `ready` without the token when `protect_metrics` is on)", body = Object),
         (status = 503, description = "Not ready: the same body says which part is down", body = Object),
     ))]
-pub(crate) async fn ready(State(s): State<AppState>) -> Response {
+pub(crate) async fn ready(State(s): State<AppState>, req: Request) -> Response {
+    let detailed = crate::auth::refuse_protected_read(&s, &req).is_none();
     let store = s.engine.ready().await;
     let mut ready = store.is_ok();
     let mut body = serde_json::json!({
@@ -57,6 +60,9 @@ pub(crate) async fn ready(State(s): State<AppState>) -> Response {
         }
     }
     body["ready"] = ready.into();
+    if !detailed {
+        body = serde_json::json!({ "ready": ready });
+    }
     let status = if ready {
         StatusCode::OK
     } else {

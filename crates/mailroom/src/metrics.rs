@@ -39,6 +39,11 @@ pub const RATE_LIMITED: &str = "mailroom_rate_limited_total";
 /// Counter, labels `source`, `reason`: webhook signatures that failed
 /// verification.
 pub const VERIFICATION_FAILURES: &str = "mailroom_verification_failures_total";
+/// Counter, labels `route` (`api`, `dashboard`, `login`) and `reason`
+/// (`wrong_token`; `rate_limited`: refused unseen after too many wrong
+/// ones from the same client): failed attempts to authenticate with the
+/// API token. Never labelled by client.
+pub const AUTH_FAILURES: &str = "mailroom_auth_failures_total";
 /// Counter: HTTP requests shed because too many were in flight.
 pub const HTTP_SHED: &str = "mailroom_http_shed_total";
 /// Gauge, label `connection` (the broker URL without credentials): 1 while

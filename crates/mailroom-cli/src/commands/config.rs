@@ -3,7 +3,7 @@
 
 use super::load_config;
 use crate::{Cli, ConfigCommand};
-use anyhow::{Result, bail};
+use anyhow::Result;
 use mailroom::redact::url as redact;
 use mailroom_amqp::QueueSpec;
 use mailroom_config::{AmqpPlan, Config, Topology};
@@ -16,13 +16,8 @@ pub(super) fn run(cli: &Cli, command: &ConfigCommand, json: bool) -> Result<()> 
 
 fn check(cli: &Cli, json: bool) -> Result<()> {
     let config = load_config(cli)?;
-    let addr = config.listen_addr()?;
-    if !addr.ip().is_loopback() && config.api_tokens().is_empty() {
-        bail!(
-            "{}: listen: {addr} is not loopback and no api_token is set; serve would refuse to start",
-            config.origin
-        );
-    }
+    // What serve refuses: a public listener without a strong api_token.
+    config.checked_listen_addr()?;
     let undeclared = config.accept_undeclared_sources()?;
     // Validates every topic, source, handler and secret, without a store.
     let topology = Topology::from_config(&config)?;

@@ -3,7 +3,7 @@
 
 use super::{amqp, load_config, open};
 use crate::Cli;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use mailroom_config::{Config, Topology};
 use tokio_util::sync::CancellationToken;
 
@@ -19,16 +19,9 @@ async fn serve(config: Config) -> Result<()> {
     let shutdown = CancellationToken::new();
     let render = mailroom_server::prometheus::install(shutdown.clone())
         .context("cannot install the metrics recorder")?;
-    let addr = config.listen_addr()?;
-    let loopback = addr.ip().is_loopback();
+    // A public listener needs a strong api_token; config errors name the key.
+    let addr = config.checked_listen_addr()?;
     let tokens = config.api_tokens();
-    if !loopback && tokens.is_empty() {
-        bail!(
-            "{}: refusing to listen on {addr} without api_token: anyone could read and replay events. \
-             Set api_token (or MAILROOM_API_TOKEN), or listen on 127.0.0.1",
-            config.origin
-        );
-    }
     let undeclared = config.accept_undeclared_sources()?;
     let mut topology = Topology::from_config(&config)?;
     let plan = std::mem::take(&mut topology.amqp);
@@ -53,6 +46,8 @@ async fn serve(config: Config) -> Result<()> {
             metrics: Some(render),
             limits: limits.clone(),
             dependencies,
+            tls: false,
+            protect_metrics: config.protect_metrics,
         },
     );
     let server = mailroom_server::serve_with(listener, router, shutdown.clone(), &limits);

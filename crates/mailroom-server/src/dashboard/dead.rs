@@ -82,6 +82,13 @@ impl DeadFilter {
         )
     }
 
+    /// Whether no field narrows the search (every dead event matches).
+    fn is_empty(&self) -> bool {
+        [&self.topic, &self.key, &self.error, &self.from, &self.until]
+            .iter()
+            .all(|v| v.trim().is_empty())
+    }
+
     fn describe(&self) -> String {
         let parts: Vec<String> = [
             ("topic", &self.topic),
@@ -204,6 +211,11 @@ impl Jobs {
 pub(crate) struct StartForm {
     #[serde(flatten)]
     filter: DeadFilter,
+    /// `true` to replay every dead event: required when the filter is
+    /// empty (the page's form says it then), so that a form without
+    /// fields replays nothing.
+    #[serde(default)]
+    all: String,
 }
 
 /// `POST /ui/dead/replay`: replays every dead event matching the filter in
@@ -213,6 +225,12 @@ pub(crate) async fn start(
     Form(form): Form<StartForm>,
 ) -> Result<Response, PageError> {
     let filter = form.filter;
+    if filter.is_empty() && form.all != "true" {
+        return Err(PageError::BadRequest(
+            "missing filter: give a topic, key, error or time, or all=true to replay every dead event"
+                .to_owned(),
+        ));
+    }
     let search = filter.search(JOB_CHUNK, None)?;
     let total = s.engine.count(&search).await?;
     let job = s.dashboard.jobs.add(filter.describe(), total);

@@ -81,7 +81,7 @@ async fn served_meanwhile(s: &Server, id: &str) {
 #[tokio::test]
 async fn a_slow_header_sender_is_cut_off() {
     let s = server().await;
-    let head = "POST /webhooks/src HTTP/1.1\r\nhost: x\r\n";
+    let head = "POST /webhooks/src HTTP/1.1\r\nhost: localhost\r\n";
     let trickle = b"x-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     let (slow, ()) = tokio::join!(slow_send(&s, head, trickle), served_meanwhile(&s, "n1"));
     let (answer, took) = slow;
@@ -96,8 +96,7 @@ async fn a_slow_header_sender_is_cut_off() {
 #[tokio::test]
 async fn a_slow_body_sender_gets_408() {
     let s = server().await;
-    let head =
-        "POST /webhooks/src HTTP/1.1\r\nhost: x\r\nwebhook-id: slow\r\ncontent-length: 40\r\n\r\n{";
+    let head = "POST /webhooks/src HTTP/1.1\r\nhost: localhost\r\nwebhook-id: slow\r\ncontent-length: 40\r\n\r\n{";
     let trickle = [b' '; 39];
     let (slow, ()) = tokio::join!(slow_send(&s, head, &trickle), served_meanwhile(&s, "n2"));
     let (answer, took) = slow;

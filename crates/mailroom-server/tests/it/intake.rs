@@ -108,7 +108,7 @@ async fn bad_input_is_refused_without_harm() {
     let resp = server.webhook("small", &[], vec![b'y'; 64]).await;
     assert_eq!(resp.status(), 200);
     // Over the limit without a Content-Length (chunked): cut off while read.
-    let mut chunked = b"POST /webhooks/small HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n".to_vec();
+    let mut chunked = b"POST /webhooks/small HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n".to_vec();
     chunked.extend_from_slice(b"28\r\n");
     chunked.extend_from_slice(&[b'z'; 40]);
     chunked.extend_from_slice(b"\r\n28\r\n");
@@ -125,7 +125,7 @@ async fn bad_input_is_refused_without_harm() {
     // headers only: a client still writing a body the server will not read
     // may see its connection reset before it reads the answer.)
     let declared = format!(
-        "POST /webhooks/plain HTTP/1.1\r\nhost: x\r\nwebhook-id: huge\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "POST /webhooks/plain HTTP/1.1\r\nhost: localhost\r\nwebhook-id: huge\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         1024 * 1024 + 1
     );
     let (status, text) = raw_exchange(&server.base, declared.as_bytes()).await;

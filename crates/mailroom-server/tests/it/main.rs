@@ -11,4 +11,5 @@ mod leases;
 mod openapi;
 mod ready;
 mod retries;
+mod security;
 mod support;

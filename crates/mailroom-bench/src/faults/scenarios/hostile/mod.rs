@@ -180,14 +180,14 @@ async fn attack(addr: SocketAddr, base: &str, s: &Scale, tally: &Tally) -> anyho
     let until = Instant::now() + s.attack;
     let grace = READ_TIMEOUT + Duration::from_secs(3);
     let mut tasks = tokio::task::JoinSet::new();
-    let slow_body = b"POST /webhooks/signed HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\nx-hub-signature-256: sha256=00\r\n\r\n{".to_vec();
+    let slow_body = b"POST /webhooks/signed HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000\r\nx-hub-signature-256: sha256=00\r\n\r\n{".to_vec();
     for i in 0..s.slow {
         // Spread the connects over two seconds, as a real crowd arrives.
         let delay = Duration::from_secs(2) * i as u32 / s.slow as u32;
         let (class, head) = if i % 2 == 0 {
             (
                 "slow headers",
-                b"POST /webhooks/signed HTTP/1.1\r\nhost: x\r\n".to_vec(),
+                b"POST /webhooks/signed HTTP/1.1\r\nhost: localhost\r\n".to_vec(),
             )
         } else {
             ("slow body", slow_body.clone())
@@ -307,7 +307,7 @@ fn probes(base: &str) -> Vec<Probe> {
 /// Raw requests no HTTP client would send: invalid UTF-8 in a header value
 /// and in a header name, and a chunked body over `max_body`.
 fn raw_requests() -> Vec<Vec<(&'static str, Vec<u8>)>> {
-    let head = "POST /webhooks/signed HTTP/1.1\r\nhost: x\r\nconnection: close\r\n";
+    let head = "POST /webhooks/signed HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n";
     let mut value = format!("{head}content-length: 2\r\nx-hub-signature-256: sha256=").into_bytes();
     value.extend_from_slice(b"\xff\xfe\xc3\x28\r\n\r\n{}");
     let mut name = format!("{head}content-length: 2\r\nx-sig-").into_bytes();
