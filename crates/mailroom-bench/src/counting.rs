@@ -152,8 +152,12 @@ fn bump(c: &AtomicU64, n: u64) {
 
 #[async_trait::async_trait]
 impl Store for CountingStore {
-    async fn migrate(&self) -> mailroom::Result<()> {
+    async fn migrate(&self) -> mailroom::Result<mailroom::Migrated> {
         self.inner.migrate().await
+    }
+
+    async fn schema(&self) -> mailroom::Result<mailroom::SchemaVersion> {
+        self.inner.schema().await
     }
 
     async fn insert(&self, event: NewEvent) -> mailroom::Result<Inserted> {

@@ -111,6 +111,7 @@ macro_rules! suite {
             duplicate_is_answered_with_the_same_id,
             concurrent_duplicates_store_exactly_one_event,
             migrate_is_idempotent,
+            a_migrated_schema_reads_current_and_migrates_to_nothing,
             unknown_ids_are_not_found,
             claim_respects_due_time_and_max,
             claim_takes_oldest_arrival_first,

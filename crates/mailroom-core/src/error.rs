@@ -39,4 +39,9 @@ pub enum StoreError {
     /// unknown status name in a filter).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The database's schema is one this build cannot run against: older
+    /// (its migrations not applied yet) or newer and incompatible. Nothing
+    /// was changed.
+    #[error("{}", .0.explain())]
+    Schema(crate::SchemaVersion),
 }

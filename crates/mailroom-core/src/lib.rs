@@ -12,6 +12,8 @@
 //! - [`mode`]: per-topic processing modes ([`Mode`]).
 //! - [`store`]: the [`Store`] trait every storage backend implements, and the
 //!   query/stats types it speaks.
+//! - [`schema`]: schema versions ([`SchemaVersion`]): whether a build may
+//!   run against a database's schema.
 //! - [`cron`]: five-field UTC schedules for batch topics.
 //! - [`alert`]: the `[alerts]` thresholds ([`AlertRules`]) and [`evaluate`](alert::evaluate).
 //! - [`redact`]: URLs without their secrets and text without control
@@ -33,6 +35,7 @@ pub mod mode;
 pub mod outcome;
 pub mod redact;
 pub mod retry;
+pub mod schema;
 pub mod store;
 pub mod trace;
 
@@ -47,6 +50,7 @@ pub use limit::{Grant, Rate, RateError};
 pub use mode::{BatchError, BatchSettings, Mode, OnDead};
 pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
+pub use schema::{Migrated, SchemaFit, SchemaVersion};
 pub use store::{
     ClaimLimits, ClaimRequest, EventSearch, Inserted, KeyCursor, LimitedClaim, ListFilter, Page,
     PurgeReport, ReplayReport, Retention, Store, Throughput, TopicStats, TopicStream,

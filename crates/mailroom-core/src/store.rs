@@ -10,6 +10,7 @@ use crate::lease::{Claimed, FencingToken};
 use crate::limit::Rate;
 use crate::mode::OnDead;
 use crate::outcome::Completion;
+use crate::schema::{Migrated, SchemaVersion};
 use jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -280,6 +281,7 @@ pub struct ReplayReport {
 ///   committed, so the caller may retry.
 ///
 /// The methods by role: setup ([`migrate`](Store::migrate),
+/// [`schema`](Store::schema),
 /// [`now`](Store::now)); the hot path of intake and dispatch
 /// ([`insert`](Store::insert), [`claim`](Store::claim),
 /// [`complete`](Store::complete), [`complete_many`](Store::complete_many),
@@ -299,7 +301,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Creates or upgrades the schema. Safe to call from several processes
     /// at once: one upgrades, the others then find nothing left to do.
-    async fn migrate(&self) -> Result<()>;
+    /// Returns the version found and where the schema stands now. A schema
+    /// newer than this build's is left as it is: `Ok` when its newer
+    /// migrations are marked compatible with this build
+    /// ([`SchemaFit::NewerCompatible`](crate::SchemaFit)), otherwise
+    /// [`StoreError::Schema`](crate::StoreError::Schema).
+    async fn migrate(&self) -> Result<Migrated>;
+
+    /// The schema's version against this build's migrations, read without
+    /// changing anything: no DDL, so a role with only the rights to use the
+    /// schema's objects may call it, and a database without the schema
+    /// answers version 0. What [`migrate`](Store::migrate) would find.
+    async fn schema(&self) -> Result<SchemaVersion>;
 
     /// The store's clock, on which leases and due times are computed.
     async fn now(&self) -> Result<Timestamp>;

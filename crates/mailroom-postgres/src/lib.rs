@@ -15,7 +15,8 @@
 //! - `sql`: the SQL of every operation, including the race-free per-key
 //!   claim of sequential topics. `schema`: versioned migrations applied under
 //!   a transaction-scoped advisory lock, including the outbox SQL function
-//!   `mailroom.enqueue(...)`.
+//!   `mailroom.enqueue(...)`, and [`grants`], the rights a role needs to run
+//!   mailroom on a schema another role owns.
 //! - [`outbox`]: [`outbox::enqueue`], the Rust face of that function, for
 //!   an application's own transaction (SPEC §6).
 //! - `listen`: `LISTEN mailroom_events`, re-broadcast to
@@ -45,6 +46,7 @@ mod writer;
 
 pub use listen::ANY_TOPIC;
 pub use options::PostgresOptions;
+pub use schema::grants;
 pub use store::PostgresStore;
 
 /// The channel `mailroom.enqueue` and every insert notify, with the topic as payload.

@@ -5,8 +5,8 @@
 //! are named plainly and times are `timestamptz`.
 
 use crate::sql::db;
-use mailroom_core::Result;
-use sqlx::PgPool;
+use mailroom_core::{Migrated, Result, SchemaVersion, StoreError};
+use sqlx::{PgConnection, PgPool};
 
 /// Key of the transaction-scoped advisory lock migrations run under
 /// (`pg_advisory_xact_lock`): the ASCII of "mailroom" read as a number, so it
@@ -618,19 +618,54 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX queue_keys ON mailroom.queue (topic, key, seq)
         WHERE key IS NOT NULL AND state <> 'running';
     "#,
+    // 15: each recorded version says which older builds still run against
+    // the schema it made (`compatible_from`; NULL: only builds that know
+    // it), so a build that meets a newer schema than its own knows whether
+    // to run (a rolling upgrade) or to refuse (`SchemaVersion`).
+    r#"
+    ALTER TABLE mailroom.schema_migrations ADD COLUMN compatible_from bigint;
+    "#,
+];
+
+/// The migration that added `schema_migrations.compatible_from`.
+const COMPATIBLE_FROM_COLUMN: usize = 15;
+
+/// Migrations that builds which do not know them still run against: the
+/// version, and the oldest build version that runs against the schema it
+/// makes (recorded as `compatible_from`). A migration not listed needs a
+/// build that knows it. Only migrations that older builds cannot notice
+/// qualify: a new table or index they do not use, a nullable column or one
+/// with a default that their statements do not name, a function they do
+/// not call; never a dropped or renamed object, a tightened constraint or
+/// a changed function that older builds call. Tested by
+/// `tests::compatibility_marks_name_older_builds_only`.
+const COMPATIBLE_FROM: &[(usize, u32)] = &[
+    // Builds of 14 never read the column.
+    (15, 14),
 ];
 
 /// Applies the missing migrations in one transaction that first takes
 /// [`MIGRATION_LOCK`]: a second instance starting at the same time waits for
 /// the lock, then finds nothing left to do. The lock ends with the
-/// transaction, so a crash cannot leave it held.
-pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
+/// transaction, so a crash cannot leave it held. A schema newer than this
+/// build's is left as it is (and refused unless compatible). A schema that
+/// needs nothing is found so without any DDL, so a role that may only use
+/// the schema's objects can call this too.
+pub(crate) async fn migrate(pool: &PgPool) -> Result<Migrated> {
     migrate_to(pool, MIGRATIONS.len()).await
 }
 
 /// [`migrate`], up to migration `last` (tests fill older schemas with it).
-pub(crate) async fn migrate_to(pool: &PgPool, last: usize) -> Result<()> {
+pub(crate) async fn migrate_to(pool: &PgPool, last: usize) -> Result<Migrated> {
     const CTX: &str = "migrating the schema";
+    let seen = read_version(pool, version_of(last)).await?;
+    if seen.database >= seen.build {
+        seen.require_runnable()?;
+        return Ok(Migrated {
+            from: seen.database,
+            schema: seen,
+        });
+    }
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
@@ -647,38 +682,140 @@ pub(crate) async fn migrate_to(pool: &PgPool, last: usize) -> Result<()> {
     .execute(&mut *tx)
     .await
     .map_err(db(CTX))?;
-    let current: i64 =
-        sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM mailroom.schema_migrations")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db(CTX))?;
+    let found = recorded(&mut tx, version_of(last)).await?;
+    if found.database >= found.build {
+        // Current, or newer: nothing to apply; a newer schema this build
+        // cannot use is refused before anything else runs.
+        found.require_runnable()?;
+        tx.commit().await.map_err(db(CTX))?;
+        return Ok(Migrated {
+            from: found.database,
+            schema: found,
+        });
+    }
     for (index, migration) in MIGRATIONS.iter().enumerate().take(last) {
-        let version = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
-        if version <= current {
+        let version = index + 1;
+        if version_of(version) <= found.database {
             continue;
         }
         sqlx::raw_sql(*migration)
             .execute(&mut *tx)
             .await
             .map_err(db("applying a schema migration"))?;
-        sqlx::query("INSERT INTO mailroom.schema_migrations (version) VALUES ($1)")
-            .bind(version)
-            .execute(&mut *tx)
-            .await
-            .map_err(db(CTX))?;
+        let record = match compatible_from(version).filter(|_| version >= COMPATIBLE_FROM_COLUMN) {
+            Some(floor) => sqlx::query(
+                "INSERT INTO mailroom.schema_migrations (version, compatible_from)
+                     VALUES ($1, $2)",
+            )
+            .bind(i64::from(version_of(version)))
+            .bind(i64::from(floor)),
+            None => sqlx::query("INSERT INTO mailroom.schema_migrations (version) VALUES ($1)")
+                .bind(i64::from(version_of(version))),
+        };
+        record.execute(&mut *tx).await.map_err(db(CTX))?;
         tracing::info!(version, "applied PostgreSQL schema migration");
     }
+    let schema = recorded(&mut tx, version_of(last)).await?;
     tx.commit().await.map_err(db(CTX))?;
-    Ok(())
+    Ok(Migrated {
+        from: found.database,
+        schema,
+    })
+}
+
+/// The schema's version, read without changing anything
+/// ([`Store::schema`](mailroom_core::Store::schema)).
+pub(crate) async fn version(pool: &PgPool) -> Result<SchemaVersion> {
+    read_version(pool, version_of(MIGRATIONS.len())).await
+}
+
+/// [`version`], against a build that knows `build` migrations.
+async fn read_version(pool: &PgPool, build: u32) -> Result<SchemaVersion> {
+    const CTX: &str = "reading the schema version";
+    let mut conn = pool.acquire().await.map_err(db(CTX))?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('mailroom.schema_migrations') IS NOT NULL")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db(CTX))?;
+    if !exists {
+        return Ok(SchemaVersion {
+            database: 0,
+            compatible_from: 0,
+            build,
+        });
+    }
+    recorded(&mut conn, build).await
+}
+
+/// The newest recorded migration and its `compatible_from` (a column older
+/// schemas lack: read through the row's JSON, where it is simply absent).
+async fn recorded(conn: &mut PgConnection, build: u32) -> Result<SchemaVersion> {
+    const CTX: &str = "reading the schema version";
+    let row: Option<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT version, (to_jsonb(m) ->> 'compatible_from')::bigint
+         FROM mailroom.schema_migrations m ORDER BY version DESC LIMIT 1",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db(CTX))?;
+    let (database, floor) = row.unwrap_or((0, None));
+    let database = u32::try_from(database)
+        .map_err(|_| StoreError::Corrupt(format!("schema version {database} out of range")))?;
+    let compatible_from = floor
+        .and_then(|f| u32::try_from(f).ok())
+        .map_or(database, |f| f.min(database));
+    Ok(SchemaVersion {
+        database,
+        compatible_from,
+        build,
+    })
+}
+
+/// The SQL an owner of schema `mailroom` runs so that `role` can run
+/// mailroom without changing the schema: use the schema, read and write its
+/// tables, take its sequences' numbers, call its functions, and the same
+/// for what later migrations create (default privileges of the role that
+/// runs it, the one that migrates). `mailroom migrate --print-grants`
+/// prints it; docs/operations.md, "Migrations and least privilege".
+pub fn grants(role: &str) -> String {
+    let role = format!("\"{}\"", role.replace('"', "\"\""));
+    format!(
+        "-- Run as the role that owns schema mailroom (the one `mailroom migrate` uses),\n\
+         -- after `mailroom migrate`. {role} also needs LOGIN and CONNECT on the database.\n\
+         GRANT USAGE ON SCHEMA mailroom TO {role};\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mailroom TO {role};\n\
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA mailroom TO {role};\n\
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA mailroom TO {role};\n\
+         -- What later migrations create, run by this same role, gets the same rights.\n\
+         ALTER DEFAULT PRIVILEGES IN SCHEMA mailroom\n    \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role};\n\
+         ALTER DEFAULT PRIVILEGES IN SCHEMA mailroom GRANT USAGE ON SEQUENCES TO {role};\n\
+         ALTER DEFAULT PRIVILEGES IN SCHEMA mailroom GRANT EXECUTE ON FUNCTIONS TO {role};\n"
+    )
+}
+
+/// Migration `n`'s number as recorded (`n` is at most a few dozen).
+fn version_of(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The oldest build version that runs against the schema migration
+/// `version` makes, when older than the migration itself.
+fn compatible_from(version: usize) -> Option<u32> {
+    COMPATIBLE_FROM
+        .iter()
+        .find(|(v, _)| *v == version)
+        .map(|(_, floor)| *floor)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use super::migrate_to;
+    use super::{MIGRATIONS, migrate_to};
     use crate::{PostgresOptions, PostgresStore};
-    use mailroom_core::{ClaimRequest, EventId, OnDead, Status, Store};
+    use mailroom_core::{ClaimRequest, EventId, OnDead, Status, Store, StoreError};
     use sqlx::PgPool;
     use std::time::Duration;
 
@@ -1001,5 +1138,105 @@ mod tests {
         store.skip(heads[1].event.id).await.unwrap();
         assert_eq!(store.stats().await.unwrap()[0].blocked_keys, 0);
         assert_eq!(claimed(&store.claim(&req).await.unwrap()), ["b2"]);
+    }
+
+    /// The compatibility marks only ever name older builds, and only on
+    /// migrations that record them (the column exists from
+    /// `COMPATIBLE_FROM_COLUMN` on).
+    #[test]
+    fn compatibility_marks_name_older_builds_only() {
+        use super::{COMPATIBLE_FROM, COMPATIBLE_FROM_COLUMN, MIGRATIONS};
+        for &(version, floor) in COMPATIBLE_FROM {
+            assert!(version >= COMPATIBLE_FROM_COLUMN && version <= MIGRATIONS.len());
+            assert!((floor as usize) < version, "{version} marked from {floor}");
+        }
+    }
+
+    /// A newer build meets an older schema: `schema()` reports it behind
+    /// (what `[store] migrate = "never"` refuses, naming `mailroom
+    /// migrate` and both versions) without changing it; two instances
+    /// migrating at once (`auto`) apply the missing migration exactly once
+    /// under the advisory lock, and both then run on the current schema.
+    #[tokio::test]
+    async fn a_newer_build_refuses_or_migrates_an_older_schema() {
+        let (pool, store) = at_schema(14).await;
+        let before = store.schema().await.unwrap();
+        assert_eq!(
+            (before.database, before.build),
+            (14, MIGRATIONS.len() as u32)
+        );
+        assert_eq!(before.fit(), mailroom_core::SchemaFit::Behind);
+        let refusal = before.require_runnable().unwrap_err().to_string();
+        assert!(refusal.contains("mailroom migrate"), "{refusal}");
+        assert!(refusal.contains("version 14"), "{refusal}");
+        assert_eq!(
+            store.schema().await.unwrap(),
+            before,
+            "reading changed nothing"
+        );
+
+        let same_db = (*pool.connect_options()).clone();
+        let other = PostgresStore::connect(PostgresOptions::new(same_db))
+            .await
+            .unwrap();
+        let (a, b) = tokio::join!(store.migrate(), other.migrate());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let applied: Vec<bool> = vec![a.applied(), b.applied()];
+        assert_eq!(applied.iter().filter(|x| **x).count(), 1, "{a:?} {b:?}");
+        for m in [a, b] {
+            assert_eq!(m.schema.fit(), mailroom_core::SchemaFit::Current, "{m:?}");
+        }
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM mailroom.schema_migrations")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, MIGRATIONS.len() as i64);
+    }
+
+    /// An older build meets a newer schema (faked by recording a higher
+    /// version): a newer migration not marked compatible is refused by
+    /// both `schema()` and `migrate()`, naming both versions, and nothing
+    /// changes; once marked compatible with this build, the build runs
+    /// against it and `migrate()` applies nothing.
+    #[tokio::test]
+    async fn an_older_build_refuses_a_newer_schema_unless_marked_compatible() {
+        let (pool, store) = at_schema(MIGRATIONS.len()).await;
+        let build = MIGRATIONS.len() as i64;
+        sqlx::query("INSERT INTO mailroom.schema_migrations (version) VALUES ($1)")
+            .bind(build + 2)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let newer = store.schema().await.unwrap();
+        assert_eq!(newer.fit(), mailroom_core::SchemaFit::TooNew, "{newer:?}");
+        let err = store.migrate().await.unwrap_err();
+        assert!(matches!(err, StoreError::Schema(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("version {}", build + 2)), "{msg}");
+        assert!(msg.contains(&format!("version {build}")), "{msg}");
+        assert!(msg.contains("upgrade"), "{msg}");
+        assert_eq!(
+            store.schema().await.unwrap(),
+            newer,
+            "refusing changed nothing"
+        );
+
+        sqlx::query(
+            "UPDATE mailroom.schema_migrations SET compatible_from = $1 WHERE version = $2",
+        )
+        .bind(build)
+        .bind(build + 2)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let compatible = store.schema().await.unwrap();
+        assert_eq!(compatible.fit(), mailroom_core::SchemaFit::NewerCompatible);
+        assert!(compatible.require_runnable().is_ok());
+        let m = store.migrate().await.unwrap();
+        assert!(!m.applied());
+        assert_eq!((m.from, m.schema), (compatible.database, compatible));
+        // ... and it works on it.
+        let e = mailroom_conformance::event("t", "after", None);
+        assert!(!store.insert(e).await.unwrap().duplicate);
     }
 }

@@ -11,8 +11,9 @@ use crate::writer::Writer;
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch,
-    FencingToken, Inserted, LimitedClaim, ListFilter, NewEvent, OnDead, Page, PurgeReport,
-    ReplayReport, Result, Retention, Store, Throughput, TopicStats, TopicStream,
+    FencingToken, Inserted, LimitedClaim, ListFilter, Migrated, NewEvent, OnDead, Page,
+    PurgeReport, ReplayReport, Result, Retention, SchemaVersion, Store, Throughput, TopicStats,
+    TopicStream,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -432,11 +433,20 @@ fn window_for(sparse: bool) -> i64 {
 
 #[async_trait::async_trait]
 impl Store for PostgresStore {
-    async fn migrate(&self) -> Result<()> {
+    async fn migrate(&self) -> Result<Migrated> {
         bounded(
             LONG_LIMIT,
             "migrating",
             crate::schema::migrate(self.pool_ref()),
+        )
+        .await
+    }
+
+    async fn schema(&self) -> Result<SchemaVersion> {
+        bounded(
+            ADMIN_LIMIT,
+            "reading the schema version",
+            crate::schema::version(self.pool_ref()),
         )
         .await
     }

@@ -4,8 +4,8 @@
 //! named plainly; times are INTEGER milliseconds since the Unix epoch.
 
 use crate::sql::db;
-use mailroom_core::{Result, StoreError};
-use rusqlite::Connection;
+use mailroom_core::{Migrated, Result, SchemaVersion, StoreError};
+use rusqlite::{Connection, OptionalExtension};
 
 /// A migration: SQL, or a step that needs Rust around its SQL.
 enum Migration {
@@ -225,17 +225,42 @@ const MIGRATIONS: &[Migration] = &[
             SET done = done + excluded.done, failed = failed + excluded.failed;
     END;
     "),
+    // 9: each recorded version says which older builds still run against
+    // the schema it made (`compatible_from`; NULL: only builds that know
+    // it), so a build that meets a newer schema than its own knows whether
+    // to run or to refuse (`SchemaVersion`).
+    Sql("
+    ALTER TABLE schema_migrations ADD COLUMN compatible_from INTEGER;
+    "),
 ];
+
+/// Migrations that builds which do not know them still run against: the
+/// version, and the oldest build version that runs against the schema it
+/// makes (recorded as `compatible_from`). A migration not listed needs a
+/// build that knows it. Only migrations that older builds cannot notice
+/// qualify (a new table or index they do not use, a column with a default
+/// that their statements do not name); never a dropped or renamed object,
+/// a tightened constraint or a changed trigger. Listed versions are at
+/// least [`COMPATIBLE_FROM_COLUMN`].
+const COMPATIBLE_FROM: &[(usize, u32)] = &[
+    // Builds of 8 never read the column.
+    (9, 8),
+];
+
+/// The migration that added `schema_migrations.compatible_from`.
+const COMPATIBLE_FROM_COLUMN: usize = 9;
 
 /// Applies the missing migrations. Runs on the writer thread inside its
 /// `BEGIN IMMEDIATE` transaction, so a second process starting at the same
-/// time waits for the lock and then finds nothing left to do.
-pub(crate) fn migrate(conn: &Connection, now_ms: i64) -> Result<()> {
+/// time waits for the lock and then finds nothing left to do. A schema
+/// newer than this build's is left as it is (and refused unless
+/// compatible).
+pub(crate) fn migrate(conn: &Connection, now_ms: i64) -> Result<Migrated> {
     migrate_to(conn, now_ms, MIGRATIONS.len())
 }
 
 /// [`migrate`], up to migration `last` (tests fill older schemas with it).
-fn migrate_to(conn: &Connection, now_ms: i64, last: usize) -> Result<()> {
+fn migrate_to(conn: &Connection, now_ms: i64, last: usize) -> Result<Migrated> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
             version    INTEGER PRIMARY KEY,
@@ -243,16 +268,17 @@ fn migrate_to(conn: &Connection, now_ms: i64, last: usize) -> Result<()> {
         )",
     )
     .map_err(db("creating schema_migrations"))?;
-    let current: i64 = conn
-        .query_row(
-            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(db("reading the schema version"))?;
+    let found = recorded(conn, version_of(last))?;
+    if found.database >= found.build {
+        found.require_runnable()?;
+        return Ok(Migrated {
+            from: found.database,
+            schema: found,
+        });
+    }
     for (index, sql) in MIGRATIONS.iter().enumerate().take(last) {
-        let version = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
-        if version <= current {
+        let version = index + 1;
+        if version_of(version) <= found.database {
             continue;
         }
         match sql {
@@ -261,14 +287,96 @@ fn migrate_to(conn: &Connection, now_ms: i64, last: usize) -> Result<()> {
                 .map_err(db("applying a schema migration"))?,
             Code(step) => step(conn)?,
         }
-        conn.execute(
-            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
-            (version, now_ms),
-        )
-        .map_err(db("recording a schema migration"))?;
+        let recorded = match compatible_from(version).filter(|_| version >= COMPATIBLE_FROM_COLUMN)
+        {
+            Some(floor) => conn.execute(
+                "INSERT INTO schema_migrations (version, applied_at, compatible_from)
+                 VALUES (?1, ?2, ?3)",
+                (version_of(version), now_ms, floor),
+            ),
+            None => conn.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+                (version_of(version), now_ms),
+            ),
+        };
+        recorded.map_err(db("recording a schema migration"))?;
         tracing::info!(version, "applied SQLite schema migration");
     }
-    Ok(())
+    Ok(Migrated {
+        from: found.database,
+        schema: recorded(conn, version_of(last))?,
+    })
+}
+
+/// The schema's version, read without changing anything
+/// ([`Store::schema`](mailroom_core::Store::schema)): a database without
+/// `schema_migrations` is version 0.
+pub(crate) fn version(conn: &Connection) -> Result<SchemaVersion> {
+    let build = version_of(MIGRATIONS.len());
+    let exists: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_schema
+                            WHERE type = 'table' AND name = 'schema_migrations')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db("reading the schema version"))?;
+    if !exists {
+        return Ok(SchemaVersion {
+            database: 0,
+            compatible_from: 0,
+            build,
+        });
+    }
+    recorded(conn, build)
+}
+
+/// The newest recorded migration and its `compatible_from`, a column that
+/// schemas before [`COMPATIBLE_FROM_COLUMN`] lack.
+fn recorded(conn: &Connection, build: u32) -> Result<SchemaVersion> {
+    const CTX: &str = "reading the schema version";
+    let has_floor: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('schema_migrations')
+                            WHERE name = 'compatible_from')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db(CTX))?;
+    let sql = if has_floor {
+        "SELECT version, compatible_from FROM schema_migrations ORDER BY version DESC LIMIT 1"
+    } else {
+        "SELECT version, NULL FROM schema_migrations ORDER BY version DESC LIMIT 1"
+    };
+    let row: Option<(i64, Option<i64>)> = conn
+        .query_row(sql, [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(db(CTX))?;
+    let (database, floor) = row.unwrap_or((0, None));
+    let database = u32::try_from(database)
+        .map_err(|_| StoreError::Corrupt(format!("schema version {database} out of range")))?;
+    let compatible_from = floor
+        .and_then(|f| u32::try_from(f).ok())
+        .map_or(database, |f| f.min(database));
+    Ok(SchemaVersion {
+        database,
+        compatible_from,
+        build,
+    })
+}
+
+/// Migration `n`'s number as recorded (`n` is at most a few dozen).
+fn version_of(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The oldest build version that runs against the schema migration
+/// `version` makes, when older than the migration itself.
+fn compatible_from(version: usize) -> Option<u32> {
+    COMPATIBLE_FROM
+        .iter()
+        .find(|(v, _)| *v == version)
+        .map(|(_, floor)| *floor)
 }
 
 /// Migration 4: `events.status` may also be `cancelled` or `expired`.
@@ -396,5 +504,72 @@ mod tests {
             (r + t.received, d + t.done, f + t.failed)
         });
         assert_eq!(sum, (8, 1, 4), "received, attempts done, attempts failed");
+    }
+
+    /// The compatibility marks only ever name older builds, and only on
+    /// migrations that record them.
+    #[test]
+    fn compatibility_marks_name_older_builds_only() {
+        use super::{COMPATIBLE_FROM, COMPATIBLE_FROM_COLUMN, MIGRATIONS};
+        for &(version, floor) in COMPATIBLE_FROM {
+            assert!(version >= COMPATIBLE_FROM_COLUMN && version <= MIGRATIONS.len());
+            assert!((floor as usize) < version, "{version} marked from {floor}");
+        }
+    }
+
+    /// Schema versions across builds on SQLite: an empty file and an older
+    /// schema read as behind (refused under `migrate = "never"`) without
+    /// being changed, and migrate from their version; a newer schema (a
+    /// higher version recorded) is refused, by `migrate` too, unless its
+    /// newer migrations are marked compatible with this build.
+    #[tokio::test]
+    async fn schema_versions_are_read_refused_and_migrated() {
+        use mailroom_core::{SchemaFit, StoreError};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.db");
+        let build = super::MIGRATIONS.len() as u32;
+        let store = SqliteStore::open(SqliteOptions::new(&path)).unwrap();
+        let empty = store.schema().await.unwrap();
+        assert_eq!((empty.database, empty.fit()), (0, SchemaFit::Behind));
+        assert_eq!(
+            store.schema().await.unwrap(),
+            empty,
+            "reading created nothing"
+        );
+        drop(store);
+
+        let now = jiff::Timestamp::now().as_millisecond();
+        migrate_to(&rusqlite::Connection::open(&path).unwrap(), now, 8).unwrap();
+        let store = SqliteStore::open(SqliteOptions::new(&path)).unwrap();
+        let older = store.schema().await.unwrap();
+        assert_eq!((older.database, older.fit()), (8, SchemaFit::Behind));
+        let msg = older.require_runnable().unwrap_err().to_string();
+        assert!(
+            msg.contains("mailroom migrate") && msg.contains("version 8"),
+            "{msg}"
+        );
+        let m = store.migrate().await.unwrap();
+        assert_eq!((m.from, m.schema.database, m.applied()), (8, build, true));
+        assert_eq!(store.schema().await.unwrap().fit(), SchemaFit::Current);
+        drop(store);
+
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)",
+            [build + 1],
+        )
+        .unwrap();
+        let store = SqliteStore::open(SqliteOptions::new(&path)).unwrap();
+        assert_eq!(store.schema().await.unwrap().fit(), SchemaFit::TooNew);
+        let err = store.migrate().await.unwrap_err();
+        assert!(matches!(err, StoreError::Schema(_)), "{err:?}");
+        conn.execute(
+            "UPDATE schema_migrations SET compatible_from = ?1 WHERE version = ?2",
+            [build, build + 1],
+        )
+        .unwrap();
+        let m = store.migrate().await.unwrap();
+        assert_eq!(m.schema.fit(), SchemaFit::NewerCompatible);
+        assert!(!m.applied());
     }
 }

@@ -7,8 +7,8 @@ use crate::writer::{WhenFull, Writer};
 use jiff::Timestamp;
 use mailroom_core::{
     AttemptWindow, ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch,
-    FencingToken, Inserted, LimitedClaim, ListFilter, NewEvent, Page, PurgeReport, ReplayReport,
-    Result, Retention, Store, StoreError, Throughput, TopicStats,
+    FencingToken, Inserted, LimitedClaim, ListFilter, Migrated, NewEvent, Page, PurgeReport,
+    ReplayReport, Result, Retention, SchemaVersion, Store, StoreError, Throughput, TopicStats,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
@@ -129,8 +129,12 @@ impl SqliteStore {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
-    async fn migrate(&self) -> Result<()> {
+    async fn migrate(&self) -> Result<Migrated> {
         self.write(WhenFull::Wait, crate::schema::migrate).await
+    }
+
+    async fn schema(&self) -> Result<SchemaVersion> {
+        self.read(crate::schema::version).await
     }
 
     async fn insert(&self, event: NewEvent) -> Result<Inserted> {

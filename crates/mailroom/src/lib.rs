@@ -71,6 +71,7 @@ pub use mailroom_core::{
     Result, Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Throughput,
     Timestamp, TopicStats, TopicStream,
 };
+pub use mailroom_core::{Migrated, SchemaFit, SchemaVersion};
 pub use mailroom_core::{alert, duration, event, limit, redact};
 pub use maintenance::AlertNotify;
 pub use open::open_store;

@@ -21,8 +21,11 @@ fn down<T>() -> R<T> {
 
 #[async_trait::async_trait]
 impl Store for Stalled {
-    async fn migrate(&self) -> R<()> {
-        Ok(())
+    async fn migrate(&self) -> R<mailroom_core::Migrated> {
+        down()
+    }
+    async fn schema(&self) -> R<mailroom_core::SchemaVersion> {
+        down()
     }
     async fn now(&self) -> R<Timestamp> {
         Ok(Timestamp::now())

@@ -76,8 +76,11 @@ impl Wrapped {
 
 #[async_trait]
 impl Store for Wrapped {
-    async fn migrate(&self) -> StoreResult<()> {
+    async fn migrate(&self) -> StoreResult<mailroom::Migrated> {
         self.inner.migrate().await
+    }
+    async fn schema(&self) -> StoreResult<mailroom::SchemaVersion> {
+        self.inner.schema().await
     }
     async fn insert(&self, event: NewEvent) -> StoreResult<Inserted> {
         if self.overloaded.load(Ordering::SeqCst) {
