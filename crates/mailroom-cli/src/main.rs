@@ -66,7 +66,7 @@ pub struct Cli {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run intake, dispatcher and HTTP API (applies pending migrations first).
+    /// Run intake, dispatcher and HTTP API (applies pending migrations first, unless `[store] migrate = "never"`).
     Serve {
         /// Listen address (overrides `listen`, and $MAILROOM_LISTEN).
         #[arg(long, value_name = "ADDR")]
@@ -116,8 +116,12 @@ pub enum Command {
         #[arg(long, value_name = "DURATION")]
         older_than: String,
     },
-    /// Apply pending schema migrations, then exit.
-    Migrate,
+    /// Apply pending schema migrations (from version X to Y, or "up to date"), then exit; what `[store] migrate = "never"` leaves to a deploy job.
+    Migrate {
+        /// Print the PostgreSQL GRANT statements that let ROLE run every other verb (serve included) under `[store] migrate = "never"`, and exit without connecting.
+        #[arg(long, value_name = "ROLE")]
+        print_grants: Option<String>,
+    },
     /// RabbitMQ tools.
     Amqp {
         /// `declare`.

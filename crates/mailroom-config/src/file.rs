@@ -117,6 +117,23 @@ pub struct StoreConfig {
     /// off commits each write alone; it exists for the benchmark's baseline.
     #[serde(default = "yes")]
     pub group_commit: bool,
+    /// Whether verbs apply pending schema migrations when they open the
+    /// store (`auto`, the default) or only check the schema (`never`: for
+    /// a role without rights to change it; `mailroom migrate` applies).
+    #[serde(default)]
+    pub migrate: MigrateMode,
+}
+
+/// `[store] migrate`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrateMode {
+    /// Every verb applies the missing migrations when it opens the store.
+    #[default]
+    Auto,
+    /// No verb but `mailroom migrate` changes the schema: an older schema
+    /// is refused, naming `mailroom migrate`.
+    Never,
 }
 
 fn default_store_url() -> String {
@@ -132,6 +149,7 @@ impl Default for StoreConfig {
         Self {
             url: default_store_url(),
             group_commit: true,
+            migrate: MigrateMode::Auto,
         }
     }
 }

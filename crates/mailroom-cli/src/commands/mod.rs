@@ -16,7 +16,8 @@ mod status;
 
 use crate::{Cli, Command, Filter};
 use anyhow::{Context, Result};
-use mailroom::{Engine, ListFilter, Status, Store};
+use mailroom::{Engine, ListFilter, SchemaFit, Status, Store};
+use mailroom_config::file::MigrateMode;
 use mailroom_config::{Config, Topology};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,7 +27,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     let json = cli.json;
     match &cli.command {
         Command::Serve { listen } => serve::run(&cli, listen.as_deref()).await?,
-        Command::Migrate => migrate::run(&cli).await?,
+        Command::Migrate { print_grants } => {
+            migrate::run(&cli, print_grants.as_deref(), json).await?
+        }
         Command::Status => status::run(&cli, json).await?,
         Command::Events { command } => events::run(&cli, command, json).await?,
         Command::Replay { id, filter } => replay::run(&cli, id.as_deref(), filter, json).await?,
@@ -64,23 +67,53 @@ pub(crate) fn load_config(cli: &Cli) -> Result<Config> {
     Ok(Config::load(path.as_deref(), &env)?)
 }
 
-/// Opens the configured store and applies pending migrations.
+/// Opens the configured store as `[store] migrate` says: `auto` applies
+/// pending migrations, `never` only checks that this build can run against
+/// the schema (no DDL) and refuses an older one, naming `mailroom migrate`.
 async fn open(config: &Config) -> Result<Arc<dyn Store>> {
-    let store = mailroom::open_store(&config.store.url, config.store.group_commit)
+    let store = connect(config).await?;
+    let url = mailroom::redact::url(&config.store.url);
+    let schema = match config.store.migrate {
+        MigrateMode::Auto => {
+            store
+                .migrate()
+                .await
+                .with_context(|| format!("cannot migrate the store {url}"))?
+                .schema
+        }
+        MigrateMode::Never => {
+            let schema = store
+                .schema()
+                .await
+                .with_context(|| format!("cannot read the schema version of the store {url}"))?;
+            schema.require_runnable().with_context(|| {
+                format!("the store {url} ([store] migrate = \"never\" applies no migrations)")
+            })?;
+            schema
+        }
+    };
+    if schema.fit() == SchemaFit::NewerCompatible {
+        tracing::info!(
+            database = schema.database,
+            build = schema.build,
+            compatible_from = schema.compatible_from,
+            "{}",
+            schema.explain()
+        );
+    }
+    Ok(store)
+}
+
+/// Opens the configured store without touching its schema.
+async fn connect(config: &Config) -> Result<Arc<dyn Store>> {
+    mailroom::open_store(&config.store.url, config.store.group_commit)
         .await
         .with_context(|| {
             format!(
                 "cannot open the store {}",
                 mailroom::redact::url(&config.store.url)
             )
-        })?;
-    store.migrate().await.with_context(|| {
-        format!(
-            "cannot migrate the store {}",
-            mailroom::redact::url(&config.store.url)
-        )
-    })?;
-    Ok(store)
+        })
 }
 
 /// An engine that is never run: every verb but `serve` reaches the store
