@@ -11,6 +11,8 @@
 #          (superuser, trust auth over TCP: tests CREATE DATABASE per test,
 #           see crates/mailroom-testkit: fresh_postgres_db())
 #      MAILROOM_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:<port>/%2f
+#      MAILROOM_TEST_AMQPS_URL=amqps://guest:guest@localhost:<port>/%2f (the
+#          same node's TLS listener), MAILROOM_TEST_TLS_DIR (its test CA and certificates)
 #      MAILROOM_TEST_OPENAPI_PYTHON=<a Python with openapi-spec-validator>
 #          (scripts/openapi-validator.sh: a venv cached under ~/.cache)
 #      MAILROOM_TEST_CHROMIUM, MAILROOM_TEST_CHROMEDRIVER (Debian's chromium and

@@ -9,7 +9,7 @@
 #
 #   $MR_STATE/
 #     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_POSTGRES_TLS_URL,
-#                       MAILROOM_TEST_AMQP_URL, MAILROOM_TEST_TLS_DIR)
+#                       MAILROOM_TEST_AMQP_URL, MAILROOM_TEST_AMQPS_URL, MAILROOM_TEST_TLS_DIR)
 #     tls/              the test CA and certificates (mr_tls_certs)
 #     pg/data           PostgreSQL cluster (owned by `postgres` when run as root);
 #                       its unix socket lives here too
@@ -363,22 +363,40 @@ mr_rabbit_env() {
   echo RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
-# Picks the node's three ports and writes its config into $MR_STATE/rabbit.
+# Picks the node's ports and writes its config into $MR_STATE/rabbit.
 # The ports are recorded in $MR_STATE/{amqp,dist,epmd}.port, so that a
 # later mr_rabbit_launch (after mr_rabbit_stop) brings the same node back on
 # the same ports with the same data (scripts/rabbit-node.sh).
+# With MR_TLS_DIR set (mr_tls_certs), the node also gets a TLS listener on
+# a port of its own (amqps.port) serving server.pem, signed by ca.pem: it
+# asks each client for a certificate and checks one against ca.pem, but
+# lets a client without one in (verify_peer, fail_if_no_peer_cert = false).
 mr_rabbit_configure() {
-  local r="$MR_STATE/rabbit"
+  local r="$MR_STATE/rabbit" tls=""
   MR_AMQP_PORT="$(mr_free_port)"
   MR_DIST_PORT="$(mr_free_port)"
   MR_EPMD_PORT="$(mr_free_port)"
+  MR_AMQPS_PORT=""
   mr_as rabbitmq mkdir -p "$r/home" "$r/mnesia" "$r/log"
+  if [[ -n "${MR_TLS_DIR:-}" ]]; then
+    MR_AMQPS_PORT="$(mr_free_port)"
+    mr_as rabbitmq mkdir -p "$r/tls"
+    mr_as rabbitmq cp "$MR_TLS_DIR/ca.pem" "$MR_TLS_DIR/server.pem" "$MR_TLS_DIR/server.key" "$r/tls/"
+    mr_as rabbitmq chmod 0600 "$r/tls/server.key"
+    tls="listeners.ssl.default = 127.0.0.1:$MR_AMQPS_PORT
+ssl_options.cacertfile = $r/tls/ca.pem
+ssl_options.certfile = $r/tls/server.pem
+ssl_options.keyfile = $r/tls/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = false"
+  fi
   mr_as rabbitmq sh -c "
     : >'$r/rabbitmq-env.conf'
     echo '[].' >'$r/advanced.config'
     echo '[].' >'$r/enabled_plugins'
     cat >'$r/rabbitmq.conf' <<EOF
 listeners.tcp.1 = 127.0.0.1:$MR_AMQP_PORT
+$tls
 loopback_users.guest = true
 log.file.level = info
 log.console = false
@@ -388,10 +406,12 @@ EOF
   echo "$MR_AMQP_PORT" >"$MR_STATE/amqp.port"
   echo "$MR_DIST_PORT" >"$MR_STATE/dist.port"
   echo "$MR_EPMD_PORT" >"$MR_STATE/epmd.port"
+  if [[ -n "$MR_AMQPS_PORT" ]]; then echo "$MR_AMQPS_PORT" >"$MR_STATE/amqps.port"; fi
 }
 
 # Reads back the ports mr_rabbit_configure recorded in $MR_STATE.
 mr_rabbit_ports() {
+  MR_AMQPS_PORT="$(cat "$MR_STATE/amqps.port" 2>/dev/null || true)"
   MR_AMQP_PORT="$(cat "$MR_STATE/amqp.port")" &&
     MR_DIST_PORT="$(cat "$MR_STATE/dist.port")" &&
     MR_EPMD_PORT="$(cat "$MR_STATE/epmd.port")"
@@ -434,7 +454,19 @@ mr_rabbit_launch() {
     sleep 0.5
   done
   MR_AMQP_URL="amqp://guest:guest@127.0.0.1:$MR_AMQP_PORT/%2f"
-  mr_log "RabbitMQ: ready ($MR_AMQP_URL) in $(mr_since "$start")"
+  MR_AMQPS_URL=""
+  if [[ -n "${MR_AMQPS_PORT:-}" ]]; then
+    until mr_port_busy "$MR_AMQPS_PORT"; do
+      if ((SECONDS > deadline)); then
+        mr_tail "$r"/log/*.log
+        mr_log "RabbitMQ's TLS listener is not up on 127.0.0.1:$MR_AMQPS_PORT within ${MR_START_TIMEOUT}s"; return 1
+      fi
+      sleep 0.2
+    done
+    # localhost: a name server.pem carries (guest logs in from loopback only).
+    MR_AMQPS_URL="amqps://guest:guest@localhost:$MR_AMQPS_PORT/%2f"
+  fi
+  mr_log "RabbitMQ: ready ($MR_AMQP_URL${MR_AMQPS_URL:+, $MR_AMQPS_URL}) in $(mr_since "$start")"
 }
 
 mr_rabbit_start_once() {
@@ -496,6 +528,7 @@ mr_write_env() {
     echo "export MAILROOM_TEST_POSTGRES_TLS_URL='$MR_PG_TLS_URL'"
     echo "export MAILROOM_TEST_AMQP_URL='$MR_AMQP_URL'"
     echo "export MAILROOM_TEST_TLS_DIR='$MR_TLS_DIR'"
+    echo "export MAILROOM_TEST_AMQPS_URL='$MR_AMQPS_URL'"
   } >"$MR_STATE/env"
 }
 

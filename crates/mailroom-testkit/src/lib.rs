@@ -77,6 +77,19 @@ pub fn amqp_url() -> String {
     required_env(AMQP_URL_VAR)
 }
 
+/// Environment variable holding the test broker's TLS URL.
+pub const AMQPS_URL_VAR: &str = "MAILROOM_TEST_AMQPS_URL";
+
+/// The test broker's TLS listener (`MAILROOM_TEST_AMQPS_URL`,
+/// `amqps://guest:guest@localhost:<port>/%2f`): its certificate is
+/// `server.pem` of [`tls_dir`], signed by `ca.pem`.
+///
+/// # Panics
+/// If the variable is not set.
+pub fn amqps_url() -> String {
+    required_env(AMQPS_URL_VAR)
+}
+
 /// The admin URL of the TLS-only test PostgreSQL server
 /// (`MAILROOM_TEST_POSTGRES_TLS_URL`), without TLS parameters: add them.
 ///
