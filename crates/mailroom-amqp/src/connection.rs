@@ -10,6 +10,7 @@
 //! (the attempt is retried later), unacknowledged deliveries return to their
 //! queue (and are deduplicated when redelivered).
 
+use crate::broker::Broker;
 use crate::error::{AmqpError, Result};
 use crate::publish::AmqpHandler;
 use crate::source::AmqpSource;
@@ -59,13 +60,16 @@ pub fn with_heartbeat(url: &str) -> String {
     format!("{url}{sep}heartbeat={HEARTBEAT_SECS}")
 }
 
-/// Connects to `url`, declares `topology` once and closes the connection:
-/// `mailroom amqp declare`, and `serve`'s check before it starts (a
-/// conflicting queue is [`AmqpError::Inequivalent`]).
+/// Connects to `url` (`amqp://` or `amqps://`, see [`Broker::parse`]),
+/// declares `topology` once and closes the connection: `mailroom amqp
+/// declare`, and `serve`'s check before it starts (a conflicting queue is
+/// [`AmqpError::Inequivalent`]).
 pub async fn declare_at(url: &str, topology: &Topology) -> Result<Declared> {
-    let conn = Connection::connect(url, ConnectionProperties::default())
+    let broker = Broker::parse(url)?;
+    let conn = broker
+        .connect(ConnectionProperties::default())
         .await
-        .map_err(|e| AmqpError::broker(format!("connecting to {}", redact(url)), e))?;
+        .map_err(|e| AmqpError::broker(format!("connecting to {}", broker.name()), e))?;
     let channel = conn
         .create_channel()
         .await
@@ -103,7 +107,7 @@ impl AmqpStatus {
 /// One broker connection and everything that runs on it.
 #[derive(Debug)]
 pub struct AmqpConnection {
-    url: String,
+    broker: Broker,
     topology: Topology,
     sources: Vec<AmqpSource>,
     handlers: Vec<AmqpHandler>,
@@ -112,21 +116,26 @@ pub struct AmqpConnection {
 }
 
 impl AmqpConnection {
-    /// A connection to `url` (`amqp://user:pass@host:port/vhost`).
-    pub fn new(url: impl Into<String>) -> Self {
-        let url = url.into();
+    /// A connection to `url` (`amqp://user:pass@host:port/vhost`, or
+    /// `amqps://` with RabbitMQ's TLS parameters: [`Broker::parse`]).
+    ///
+    /// # Errors
+    /// A URL [`Broker::parse`] refuses (a TLS file that cannot be read...).
+    pub fn new(url: &str) -> Result<Self> {
+        // Its sessions ask for mailroom's heartbeat; it is named as configured.
+        let broker = Broker::parse(&with_heartbeat(url))?;
         let status = AmqpStatus {
-            name: redact(&url).into(),
+            name: redact(url).into(),
             up: Arc::new(AtomicBool::new(false)),
         };
-        Self {
-            url,
+        Ok(Self {
+            broker,
             topology: Topology::default(),
             sources: vec![],
             handlers: vec![],
             status,
             intake: CancellationToken::new(),
-        }
+        })
     }
 
     /// Stops the sources' consumers when `intake` is cancelled, while the
@@ -170,6 +179,7 @@ impl AmqpConnection {
         let mut failures: u32 = 0;
         let mut last_error: Option<String> = None;
         self.status.set(false);
+        self.broker.warn_if_unverified();
         while !shutdown.is_cancelled() {
             let ended = self.session(&shutdown, &mut failures).await;
             self.status.set(false);
@@ -195,8 +205,7 @@ impl AmqpConnection {
     /// Every wait for the broker ends at `shutdown` or within a bound: a
     /// broker that accepts TCP but never answers must not hold a SIGTERM.
     async fn session(&self, shutdown: &CancellationToken, failures: &mut u32) -> Result<()> {
-        let url = with_heartbeat(&self.url);
-        let connecting = Connection::connect(&url, ConnectionProperties::default());
+        let connecting = self.broker.connect(ConnectionProperties::default());
         let conn = tokio::select! {
             conn = tokio::time::timeout(CONNECT_LIMIT, connecting) => match conn {
                 Ok(conn) => conn.map_err(|e| AmqpError::broker("connecting", e))?,

@@ -7,12 +7,16 @@
 //!   and after every reconnect;
 //! * **source**: a consumer that stores each delivery through the engine and
 //!   acknowledges it only after its event has committed;
+//! * **broker**: `amqp://` and `amqps://` URLs, with RabbitMQ's TLS query
+//!   parameters (`cacertfile`, `certfile`, `keyfile`,
+//!   `server_name_indication`, `verify`) on rustls;
 //! * **handler**: a publisher with publisher confirms and `mandatory`, so a
 //!   topic whose handler publishes is the outbox relay.
 //!
 //! Every operation's failure is an [`AmqpError`]; a broker's refusal of a
 //! declare (`PRECONDITION_FAILED`) names the queue and the argument.
 
+mod broker;
 mod confirms;
 pub mod connection;
 mod error;
@@ -20,6 +24,7 @@ pub mod publish;
 pub mod source;
 pub mod topology;
 
+pub use broker::Broker;
 pub use connection::{AmqpConnection, AmqpStatus, declare_at};
 pub use error::{AmqpError, Result};
 pub use publish::{AmqpHandler, AmqpHandlerSpec};

@@ -172,6 +172,11 @@ async fn metric(base: &str, name: &str, labels: &[&str]) -> f64 {
 /// A config consuming `<base>.in` (bound to `<base>.events` with `in.*`,
 /// dead-lettered) into the pull topic `inbox`.
 fn inbound_config(base: &str, prefetch: u16) -> String {
+    inbound_config_at(&amqp_url(), base, prefetch)
+}
+
+/// [`inbound_config`] on the broker at `url`.
+fn inbound_config_at(url: &str, base: &str, prefetch: u16) -> String {
     format!(
         r#"
 [amqp]
@@ -192,8 +197,7 @@ amqp = {{ queue = "{base}.in", prefetch = {prefetch} }}
 
 [[topic]]
 name = "inbox"
-"#,
-        url = amqp_url()
+"#
     )
 }
 
@@ -994,4 +998,204 @@ async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
     );
     let (queues, exchanges) = inbound_names(&b);
     cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// A file of the test CA directory (`MAILROOM_TEST_TLS_DIR`).
+fn tls_file(name: &str) -> String {
+    mailroom_testkit::tls_dir().join(name).display().to_string()
+}
+
+/// The test broker's TLS listener with `params`.
+fn amqps(params: &str) -> String {
+    format!("{}?{params}", mailroom_testkit::amqps_url())
+}
+
+/// `url` as mailroom shows it: without user and password, query values masked.
+fn shown(url: &str) -> String {
+    mailroom::redact::url(url)
+}
+
+/// `/readyz`'s status and body once `ready` says `up`, or after 10 s.
+async fn readyz_until(base: &str, up: bool) -> (u16, serde_json::Value) {
+    let mut last = (0, serde_json::Value::Null);
+    for _ in 0..100 {
+        let resp = reqwest::get(format!("{base}/readyz"))
+            .await
+            .expect("readyz");
+        let status = resp.status().as_u16();
+        last = (status, resp.json().await.expect("json"));
+        if (status == 200) == up {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last
+}
+
+/// Over `amqps://...?cacertfile=<test CA>`: `mailroom amqp declare`
+/// declares the topology (a plain client sees it), and `serve` comes up
+/// ready, with the connection's gauge at 1, and stores each of 50
+/// published messages once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_declare_and_serve_work_over_amqps() {
+    let b = unique("cli-amqps");
+    let url = amqps(&format!("cacertfile={}", tls_file("ca.pem")));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &inbound_config_at(&url, &b, 10));
+    let conn = connect().await;
+    let (ok, out, err) = run_mailroom(
+        &config,
+        "sqlite://unused.db",
+        &["amqp", "declare", "--json"],
+        Duration::from_secs(30),
+    );
+    assert!(ok, "amqp declare over amqps failed: {err}");
+    let declared: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(declared["url"], shown(&url));
+    assert!(!out.contains("guest:guest") && !err.contains("guest:guest"));
+    passive(&conn, &format!("{b}.in")).await;
+
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
+    let serve = start_serve(&config, &db);
+    let (status, body) = readyz_until(&serve.base, true).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["amqp"],
+        serde_json::json!([{"connection": shown(&url), "up": true}])
+    );
+    assert_eq!(
+        metric(&serve.base, "mailroom_amqp_connected", &[]).await,
+        1.0
+    );
+    let ids: Vec<String> = (0..50).map(|i| format!("{b}-{i}")).collect();
+    let ch = conn.create_channel().await.expect("channel");
+    publish(
+        &ch,
+        &format!("{b}.events"),
+        ids.iter().map(|id| message("in.x", id)),
+    )
+    .await;
+    eventually(30, "the 50 messages are stored", || async {
+        stored_count(&pool, "inbox").await == 50
+    })
+    .await;
+    let keys: BTreeSet<String> = stored_keys(&pool, "inbox").await.into_iter().collect();
+    assert_eq!(keys, ids.iter().cloned().collect(), "each message once");
+    eventually(10, "the queue is drained", || async {
+        ready(&conn, &format!("{b}.in")).await == 0
+    })
+    .await;
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// A broker whose certificate another CA signed: `serve` starts (as with an
+/// unreachable broker) but the connection stays down in `/readyz` and in
+/// `mailroom_amqp_connected`, the log says why (`UnknownIssuer`) without
+/// the password, and nothing is consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_shows_a_broker_of_another_ca_down_with_the_reason() {
+    let b = unique("cli-amqps-wrong");
+    let url = amqps(&format!("cacertfile={}", tls_file("other-ca.pem")));
+    let (dir, plain_dir) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let config = write_config(dir.path(), &inbound_config_at(&url, &b, 10));
+    // Declared over the plain listener, so that messages wait in the queue.
+    let plain = write_config(plain_dir.path(), &inbound_config(&b, 10));
+    let (ok, _, err) = run_mailroom(
+        &plain,
+        "sqlite://unused.db",
+        &["amqp", "declare"],
+        Duration::from_secs(30),
+    );
+    assert!(ok, "{err}");
+    let conn = connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let ids: Vec<String> = (0..5).map(|i| format!("{b}-{i}")).collect();
+    publish(
+        &ch,
+        &format!("{b}.events"),
+        ids.iter().map(|id| message("in.x", id)),
+    )
+    .await;
+
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("pool");
+    let serve = start_serve(&config, &db);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, body) = readyz_until(&serve.base, false).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["amqp"],
+        serde_json::json!([{"connection": shown(&url), "up": false}])
+    );
+    assert_eq!(
+        metric(&serve.base, "mailroom_amqp_connected", &[]).await,
+        0.0
+    );
+    let problems = serve.problems.lock().expect("lock").join("\n");
+    assert!(
+        problems.contains("UnknownIssuer"),
+        "the reason is logged: {problems}"
+    );
+    assert!(!problems.contains("guest:guest"), "{problems}");
+    assert_eq!(stored_count(&pool, "inbox").await, 0, "nothing consumed");
+    assert_eq!(
+        ready(&conn, &format!("{b}.in")).await,
+        5,
+        "all still queued"
+    );
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// `verify=verify_none` connects to a broker it cannot verify, and `serve`
+/// says so at start: a WARN naming the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_none_connects_and_warns_at_start() {
+    let b = unique("cli-amqps-none");
+    let url = amqps("verify=verify_none");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &inbound_config_at(&url, &b, 10));
+    let db = mailroom_testkit::fresh_postgres_db().await;
+    let serve = start_serve(&config, &db);
+    let (status, body) = readyz_until(&serve.base, true).await;
+    assert_eq!(status, 200, "{body}");
+    let problems = serve.problems.lock().expect("lock").clone();
+    let warned = problems
+        .iter()
+        .any(|l| l.contains("\"WARN\"") && l.contains("verify_none") && l.contains(&shown(&url)));
+    assert!(warned, "a WARN names the connection: {problems:?}");
+    let (ok, _, err) = run_mailroom(&config, &db, &["amqp", "declare"], Duration::from_secs(30));
+    assert!(ok, "{err}");
+    assert!(err.contains("verify_none"), "amqp declare warns too: {err}");
+    let conn = connect().await;
+    let (queues, exchanges) = inbound_names(&b);
+    cleanup(&conn, &queues, &exchanges).await;
+}
+
+/// A CA file that does not exist stops `amqp declare` and `serve` at
+/// start, naming the config key, the parameter and the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_ca_file_stops_the_start_naming_key_and_file() {
+    let missing = "/nonexistent/mailroom/ca.pem";
+    let url = amqps(&format!("cacertfile={missing}"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &inbound_config_at(&url, "never", 10));
+    for args in [
+        &["amqp", "declare"][..],
+        &["serve", "--listen", "127.0.0.1:0"][..],
+    ] {
+        let (ok, _, err) =
+            run_mailroom(&config, "sqlite://unused.db", args, Duration::from_secs(30));
+        assert!(!ok, "{args:?} must fail");
+        assert!(
+            err.contains("amqp.url") && err.contains(&format!("cacertfile={missing}")),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("guest:guest"), "{err}");
+    }
 }

@@ -66,7 +66,7 @@ impl AmqpPlan {
     pub fn connections(&self, engine: &Engine) -> Result<Vec<AmqpConnection>, AmqpError> {
         let mut connections = vec![];
         for url in self.urls() {
-            let mut conn = AmqpConnection::new(url);
+            let mut conn = AmqpConnection::new(url)?;
             if self.url.as_deref() == Some(url) {
                 conn = conn.topology(self.topology.clone());
             }
@@ -212,9 +212,15 @@ fn check_short(value: &str, key: &str, cfg: &Config) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// An `amqp://` or `amqps://` URL whose TLS parameters hold (their files
+/// are read now, so a missing CA file stops the start naming it).
 fn check_url(url: &str, key: &str, cfg: &Config) -> Result<(), ConfigError> {
     match reqwest::Url::parse(url) {
-        Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => Ok(()),
+        Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => {
+            mailroom_amqp::Broker::parse(url)
+                .map(|_| ())
+                .map_err(|e| cfg.invalid(key, e.to_string()))
+        }
         _ => Err(cfg.invalid(
             key,
             "not an AMQP URL like \"amqp://user:password@host:5672/%2f\"",
@@ -560,6 +566,36 @@ handler = { amqp = { exchange = "", routing_key = "q", url = "amqp://b/%2f" } }
                 err.starts_with(&format!("m.toml: {key}")),
                 "{toml}\n=> {err}"
             );
+        }
+    }
+    /// An amqps URL whose CA file or key cannot be read stops the start with
+    /// the key path, the parameter and the file named, never the password.
+    #[test]
+    fn unreadable_tls_files_name_their_key_and_file() {
+        let cases = [
+            (
+                "[amqp]\nurl = \"amqps://u:secret@x/%2f?cacertfile=/nonexistent/ca.pem\"\n",
+                "m.toml: amqp.url",
+                "cacertfile=/nonexistent/ca.pem: cannot read it",
+            ),
+            (
+                "[[source]]\nname = \"s\"\namqp = { url = \"amqps://u:secret@x/%2f?certfile=/nonexistent/c.pem&keyfile=/nonexistent/c.key\", queue = \"q\" }\n",
+                "m.toml: source[0].amqp.url",
+                "certfile=/nonexistent/c.pem: cannot read it",
+            ),
+            (
+                "[[topic]]\nname = \"t\"\nhandler = { amqp = { url = \"amqps://u:secret@x/%2f?verify=sometimes\", exchange = \"e\", routing_key = \"k\" } }\n",
+                "m.toml: topic[0].handler.amqp.url",
+                "verify=sometimes",
+            ),
+        ];
+        for (toml, key, why) in cases {
+            let err = refused(toml);
+            assert!(
+                err.starts_with(key) && err.contains(why),
+                "{toml}\n=> {err}"
+            );
+            assert!(!err.contains("secret"), "{err}");
         }
     }
 }

@@ -151,7 +151,8 @@ async fn relay_and_consumer_heal_after_the_connection_is_cut() {
     )
     .expect("source");
     let proxy = Proxy::start(broker_addr()).await;
-    let connection = AmqpConnection::new(proxy.url())
+    let connection = AmqpConnection::new(&proxy.url())
+        .expect("broker URL")
         .topology(topology)
         .source(source)
         .handler(handler);
@@ -218,7 +219,8 @@ async fn a_broker_that_stops_answering_does_not_hold_the_stop() {
         exchanges: vec![],
         queues: vec![QueueSpec::new(&queue)],
     };
-    let connection = AmqpConnection::new(proxy.url())
+    let connection = AmqpConnection::new(&proxy.url())
+        .expect("broker URL")
         .topology(topology)
         .source(source);
     let status = connection.status();
@@ -253,7 +255,11 @@ async fn a_connection_still_connecting_stops_at_once() {
     let proxy = Proxy::start(broker_addr()).await;
     proxy.freeze();
     let stop = CancellationToken::new();
-    let running = tokio::spawn(AmqpConnection::new(proxy.url()).run(stop.clone()));
+    let running = tokio::spawn(
+        AmqpConnection::new(&proxy.url())
+            .expect("broker URL")
+            .run(stop.clone()),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!running.is_finished(), "the handshake cannot have ended");
     stop.cancel();
@@ -275,8 +281,9 @@ async fn a_frozen_broker_is_declared_dead_and_the_connection_heals() {
         exchanges: vec![],
         queues: vec![QueueSpec::new(&queue)],
     };
-    let connection =
-        AmqpConnection::new(proxy.url_for(&mailroom_testkit::amqp_url())).topology(topology);
+    let connection = AmqpConnection::new(&proxy.url_for(&mailroom_testkit::amqp_url()))
+        .expect("broker URL")
+        .topology(topology);
     let status = connection.status();
     let stop = CancellationToken::new();
     let running = tokio::spawn(connection.run(stop.clone()));

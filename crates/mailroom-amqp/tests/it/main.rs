@@ -1,4 +1,5 @@
-//! Integration tests against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL`.
+//! Integration tests against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL`
+//! (and its TLS listener, `MAILROOM_TEST_AMQPS_URL`).
 //! Every test declares uniquely named exchanges and queues and deletes them.
 
 mod connection;
@@ -6,6 +7,7 @@ mod publish;
 mod relay;
 mod restart;
 mod source;
+mod tls;
 mod topology;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};

@@ -117,6 +117,7 @@ fn mailroom_on(store: Arc<dyn mailroom::Store>, url: &str) -> (Engine, AmqpConne
         AmqpSource::new(engine.clone(), spec).expect("source")
     };
     let connection = AmqpConnection::new(url)
+        .expect("broker URL")
         .topology(topology())
         .source(source("relayed"))
         .source(source("preloaded"))

@@ -23,7 +23,7 @@ async fn dead_lettered_queue(conn: &Connection, base: &str) -> String {
 
 /// A SQLite engine with topic `inbound`, a connection, and a fresh
 /// dead-lettered queue named after `prefix`.
-async fn setup(prefix: &str) -> (tempfile::TempDir, Engine, Connection, String) {
+pub(crate) async fn setup(prefix: &str) -> (tempfile::TempDir, Engine, Connection, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = Engine::builder(sqlite_store(&dir).await)
         .topic(TopicSpec::new("inbound"))
@@ -34,7 +34,7 @@ async fn setup(prefix: &str) -> (tempfile::TempDir, Engine, Connection, String) 
     (dir, engine, conn, queue)
 }
 
-async fn cleanup(conn: &Connection, queue: &str) {
+pub(crate) async fn cleanup(conn: &Connection, queue: &str) {
     delete(
         conn,
         &[queue.to_string(), format!("{queue}.dlq")],
@@ -44,7 +44,7 @@ async fn cleanup(conn: &Connection, queue: &str) {
 }
 
 /// Publishes through the default exchange straight into `queue`, with confirms.
-async fn publish(
+pub(crate) async fn publish(
     ch: &Channel,
     queue: &str,
     messages: impl IntoIterator<Item = (BasicProperties, Vec<u8>)>,
@@ -104,7 +104,7 @@ async fn wait_drained(conn: &Connection, queue: &str) {
     .await;
 }
 
-async fn stored(engine: &Engine) -> u64 {
+pub(crate) async fn stored(engine: &Engine) -> u64 {
     engine
         .stats()
         .await

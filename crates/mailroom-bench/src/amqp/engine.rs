@@ -215,7 +215,7 @@ pub async fn relay(ctx: &Ctx, route: &Route, shape: RelayTopic) -> anyhow::Resul
         .handler(RELAY, Arc::new(counted))
         .build()?;
     preload(&engine, n, ctx.settings.body_size).await?;
-    let connection = AmqpConnection::new(&ctx.settings.url).handler(handler);
+    let connection = AmqpConnection::new(&ctx.settings.url)?.handler(handler);
     let status = connection.status();
     let stop = CancellationToken::new();
     let supervisor = tokio::spawn(connection.run(stop.clone()));

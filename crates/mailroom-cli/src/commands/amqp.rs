@@ -9,7 +9,7 @@ use crate::{AmqpCommand, Cli};
 use anyhow::{Context, Result, anyhow, bail};
 use mailroom::Engine;
 use mailroom::redact::url as redact;
-use mailroom_amqp::{AmqpError, AmqpStatus, Declared, declare_at};
+use mailroom_amqp::{AmqpError, AmqpStatus, Broker, Declared, declare_at};
 use mailroom_config::{AmqpPlan, Topology};
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -37,6 +37,9 @@ async fn declare(cli: &Cli, json: bool) -> Result<()> {
             config.origin
         );
     };
+    if let Ok(broker) = Broker::parse(url) {
+        broker.warn_if_unverified();
+    }
     let declared = declare_once(url, &plan).await?;
     if json {
         outln!("{}", declared_json(url, &declared));

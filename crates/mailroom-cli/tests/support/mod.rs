@@ -17,7 +17,8 @@ pub struct Serve {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
-    /// WARN and ERROR log lines, for the report and for diagnosis.
+    /// WARN and ERROR log lines (from the start on), for the report and
+    /// for diagnosis.
     pub problems: Arc<Mutex<Vec<String>>>,
 }
 
@@ -66,6 +67,9 @@ impl Serve {
                 let status = child.wait();
                 panic!("mailroom exited before listening: {status:?}");
             };
+            if line.contains("\"WARN\"") || line.contains("\"ERROR\"") {
+                problems.lock().expect("lock").push(line.clone());
+            }
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
                 continue;
             };
