@@ -5,6 +5,7 @@
 use mailroom::{Retention, RetryPolicy, TopicSpec, duration};
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The whole configuration.
@@ -50,6 +51,9 @@ pub struct Config {
     /// Span export (OTLP); off unless `otlp_endpoint` is set.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// HTTPS on `listen` (absent: plain HTTP).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     /// Where this configuration came from, for messages.
     #[serde(skip)]
     pub origin: String,
@@ -77,6 +81,7 @@ impl Default for Config {
             topics: vec![],
             amqp: None,
             telemetry: TelemetryConfig::default(),
+            tls: None,
             origin: "defaults".into(),
             from_file: false,
         }
@@ -104,6 +109,17 @@ impl OneOrMany {
         .filter(|s| !s.is_empty())
         .collect()
     }
+}
+
+/// `[tls]`: the listener serves HTTPS with this certificate; `SIGHUP`
+/// re-reads both files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate, followed by its chain if any.
+    pub cert_file: PathBuf,
+    /// PEM private key of the certificate (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
 }
 
 /// `[store]`.
@@ -243,6 +259,9 @@ pub struct LimitsConfig {
     /// Time to send the whole body (default 10s); then 408.
     #[serde(default, with = "duration::serde_opt")]
     pub body_read_timeout: Option<Duration>,
+    /// With `[tls]`: time to finish the TLS handshake (default 10s).
+    #[serde(default, with = "duration::serde_opt")]
+    pub tls_handshake_timeout: Option<Duration>,
     /// Headers per request (default 100); more get 431.
     pub max_headers: Option<usize>,
     /// Bytes of request line plus headers (default 16KiB); more get 431.
@@ -543,7 +562,8 @@ impl CommandConfig {
     }
 }
 
-/// `http = { url, timeout, secret, headers, permanent_statuses }`.
+/// `http = { url, timeout, secret, headers, permanent_statuses, ca_file,
+/// client_cert, client_key }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpHandlerConfig {
@@ -559,6 +579,12 @@ pub struct HttpHandlerConfig {
     pub headers: BTreeMap<String, String>,
     /// Statuses that mean "never retry" (default `[410]`).
     pub permanent_statuses: Option<Vec<u16>>,
+    /// PEM CA certificates trusted in addition to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (and chain) for mutual TLS; needs `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of `client_cert`.
+    pub client_key: Option<PathBuf>,
 }
 
 /// `[amqp]`: exchanges, queues and bindings declared at `url` when `serve`

@@ -6,7 +6,7 @@ use crate::file::{Config, HandlerConfig, HttpHandlerConfig};
 use mailroom::TopicSpec;
 use mailroom::handler::SharedHandler;
 use mailroom::handler::command::CommandHandler;
-use mailroom::handler::http::{HttpHandler, HttpHandlerSettings};
+use mailroom::handler::http::{HttpHandler, HttpHandlerSettings, HttpTls};
 use std::sync::Arc;
 
 /// The built-in handler of `topic[idx]`; `Ok(None)` for pull topics. An
@@ -86,6 +86,7 @@ fn http_handler(
         .transpose()
         .map_err(|m| cfg.invalid(at(".http.secret"), m))?;
     let timeout = http.timeout.unwrap_or(topic.timeout).min(topic.timeout);
+    let tls = http_tls(http, at, cfg)?;
     HttpHandler::new(HttpHandlerSettings {
         url,
         timeout,
@@ -95,6 +96,54 @@ fn http_handler(
             .permanent_statuses
             .clone()
             .unwrap_or_else(|| HttpHandlerSettings::DEFAULT_PERMANENT_STATUSES.to_vec()),
+        tls,
     })
     .map_err(|m| cfg.invalid(at(".http"), m))
+}
+
+/// `ca_file`, `client_cert` and `client_key`, read and checked now (at
+/// start), so a missing or mismatched file stops `serve` naming its key.
+fn http_tls(
+    http: &HttpHandlerConfig,
+    at: &dyn Fn(&str) -> String,
+    cfg: &Config,
+) -> Result<HttpTls, ConfigError> {
+    use mailroom::tls;
+    let mut out = HttpTls::default();
+    if let Some(path) = &http.ca_file {
+        let key = at(".http.ca_file");
+        let (pem, certs) = tls::read_certs(path).map_err(|e| cfg.invalid(&key, e.to_string()))?;
+        tls::check_ca(path, &certs).map_err(|e| cfg.invalid(&key, e.to_string()))?;
+        out.ca_pem = Some(pem);
+    }
+    match (&http.client_cert, &http.client_key) {
+        (None, None) => {}
+        (Some(_), None) => {
+            return Err(cfg.invalid(
+                at(".http.client_key"),
+                "client_cert needs client_key (the PEM private key of the certificate)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(cfg.invalid(
+                at(".http.client_cert"),
+                "client_key needs client_cert (the PEM certificate it belongs to)",
+            ));
+        }
+        (Some(cert_file), Some(key_file)) => {
+            let (mut pem, certs) = tls::read_certs(cert_file)
+                .map_err(|e| cfg.invalid(at(".http.client_cert"), e.to_string()))?;
+            let (key_pem, key) = tls::read_key(key_file)
+                .map_err(|e| cfg.invalid(at(".http.client_key"), e.to_string()))?;
+            tls::certified_key(cert_file, certs, key_file, key)
+                .map_err(|e| cfg.invalid(at(".http.client_key"), e.to_string()))?;
+            // reqwest takes the chain and the key as one PEM text.
+            if !pem.ends_with(b"\n") {
+                pem.push(b'\n');
+            }
+            pem.extend_from_slice(&key_pem);
+            out.identity_pem = Some(pem);
+        }
+    }
+    Ok(out)
 }

@@ -11,6 +11,8 @@
 //! - [`limits`]: load shedding — header and body read deadlines, header
 //!   limits, caps on connections and requests in flight (503), per-source
 //!   rate limits (429).
+//! - [`tls`]: HTTPS on the own listener ([`serve_https`]), its certificate
+//!   replaced while serving ([`tls::ServerTls::reload`]).
 //! - module `rejections`: rejected requests and connections (401, 400,
 //!   408, 413, slow or malformed) logged once per class per window, with
 //!   their count, so a flood never floods the log.
@@ -35,6 +37,7 @@ pub mod prometheus;
 pub mod pull;
 mod ready;
 mod rejections;
+pub mod tls;
 pub mod webhooks;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -210,5 +213,19 @@ pub async fn serve_with(
     shutdown: CancellationToken,
     limits: &limits::Limits,
 ) -> std::io::Result<()> {
-    limits::serve_connections(listener, router, shutdown, limits).await
+    limits::serve_connections(listener, router, shutdown, limits, None).await
+}
+
+/// [`serve_with`] over HTTPS: each connection first completes a TLS
+/// handshake (within `limits.tls_handshake_timeout`, holding one of the
+/// `max_connections` slots) with the certificate `tls` holds at that
+/// moment; [`tls::ServerTls::reload`] changes it for later handshakes.
+pub async fn serve_https(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    limits: &limits::Limits,
+    tls: &tls::ServerTls,
+) -> std::io::Result<()> {
+    limits::serve_connections(listener, router, shutdown, limits, Some(tls.acceptor())).await
 }

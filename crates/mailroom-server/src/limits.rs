@@ -2,7 +2,8 @@
 //! grows without bound (SPEC §2.5 "Bounded everything"):
 //!
 //! - per connection (in [`serve_with`](crate::serve_with)): a header read
-//!   timeout, a cap on header count and size, a cap on open connections;
+//!   timeout, a cap on header count and size, a cap on open connections,
+//!   and on HTTPS a TLS handshake deadline;
 //! - per request: a whole-body read deadline ([`read_body`], 408) and a cap on
 //!   requests in flight, beyond which requests are refused at once with 503
 //!   and `Retry-After` instead of queueing;
@@ -32,6 +33,10 @@ pub struct Limits {
     /// Time a client has to send the request line and headers; then the
     /// connection is closed. Default 10 s.
     pub header_read_timeout: Duration,
+    /// On HTTPS, time a client has to finish the TLS handshake (a socket
+    /// opened and left silent holds a connection slot until then); then
+    /// the connection is closed. Default 10 s.
+    pub tls_handshake_timeout: Duration,
     /// Time a client has to send the whole body once its headers arrived;
     /// then 408. Default 10 s.
     pub body_read_timeout: Duration,
@@ -59,6 +64,7 @@ impl Default for Limits {
             max_concurrent_requests: 1024,
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
+            tls_handshake_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             max_headers: 100,
             max_header_bytes: 16 * 1024,
@@ -163,12 +169,14 @@ fn shed(err: tower::BoxError) -> ShedFuture {
     ))
 }
 
-/// The accept loop of [`crate::serve_with`].
+/// The accept loop of [`crate::serve_with`] (and, with `tls`, of
+/// [`crate::serve_https`]).
 pub(crate) async fn serve_connections(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     shutdown: tokio_util::sync::CancellationToken,
     limits: &Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -209,21 +217,43 @@ pub(crate) async fn serve_connections(
             },
         };
         let _ = stream.set_nodelay(true);
-        let conn = http.serve_connection(
-            TokioIo::new(stream),
-            // The peer's address, for per-client limits (`ConnectInfo`, as
-            // axum's own `serve` provides it).
-            TowerToHyperService::new(tower::ServiceExt::map_request(
-                router.clone(),
-                move |mut req: http::Request<hyper::body::Incoming>| {
-                    req.extensions_mut()
-                        .insert(axum::extract::ConnectInfo(peer));
-                    req
-                },
-            )),
+        // The peer's address, for per-client limits (`ConnectInfo`, as
+        // axum's own `serve` provides it).
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        ));
+        let Some(tls) = &tls else {
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn);
+            tokio::spawn(finish_connection(conn, cut.clone(), rejected.clone(), slot));
+            continue;
+        };
+        // The handshake runs in the connection's task, holding its slot,
+        // so a slow one never holds up the accept loop.
+        let handshake = Handshake {
+            acceptor: tls.clone(),
+            deadline: limits.tls_handshake_timeout,
+            shutdown: shutdown.clone(),
+            rejected: rejected.clone(),
+        };
+        let (http, watcher, cut, rejected) = (
+            http.clone(),
+            graceful.watcher(),
+            cut.clone(),
+            rejected.clone(),
         );
-        let conn = graceful.watch(conn);
-        tokio::spawn(finish_connection(conn, cut.clone(), rejected.clone(), slot));
+        tokio::spawn(async move {
+            let Some(stream) = handshake.run(stream).await else {
+                return drop(slot);
+            };
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            finish_connection(watcher.watch(conn), cut, rejected, slot).await;
+        });
     }
     drop(listener);
     let grace = limits.shutdown_grace;
@@ -235,6 +265,42 @@ pub(crate) async fn serve_connections(
         cut.cancel();
     }
     Ok(())
+}
+
+/// A TLS handshake bounded by a deadline and by the shutdown.
+struct Handshake {
+    acceptor: tokio_rustls::TlsAcceptor,
+    deadline: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+    rejected: std::sync::Arc<RejectionLog>,
+}
+
+impl Handshake {
+    /// The encrypted stream, or `None` when the client failed the handshake
+    /// (noted in the rejection log), was too slow, or the server stops.
+    async fn run(
+        self,
+        stream: tokio::net::TcpStream,
+    ) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+        let accepted = tokio::select! {
+            () = self.shutdown.cancelled() => return None,
+            accepted = tokio::time::timeout(self.deadline, self.acceptor.accept(stream)) => accepted,
+        };
+        match accepted {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                self.rejected.note(Class::TlsHandshake, &e);
+                None
+            }
+            Err(_) => {
+                self.rejected.note(
+                    Class::TlsHandshake,
+                    &format_args!("no TLS handshake within {} ms", self.deadline.as_millis()),
+                );
+                None
+            }
+        }
+    }
 }
 
 /// Runs one connection to its end (or until `cut`), notes a client-caused

@@ -27,9 +27,13 @@ pub(crate) enum Class {
     BadRequest,
     /// The signature, token or bearer did not verify (401).
     Unauthorized,
+    /// On an HTTPS listener: the TLS handshake failed (plain HTTP sent to
+    /// the HTTPS port, no shared protocol version or cipher) or did not end
+    /// within the handshake deadline: the connection was closed.
+    TlsHandshake,
 }
 
-const CLASSES: usize = 6;
+const CLASSES: usize = 7;
 
 impl Class {
     fn index(self) -> usize {
@@ -45,6 +49,7 @@ impl Class {
             Class::TooLarge => "too_large",
             Class::BadRequest => "bad_request",
             Class::Unauthorized => "unauthorized",
+            Class::TlsHandshake => "tls_handshake",
         }
     }
 

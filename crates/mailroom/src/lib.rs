@@ -55,6 +55,7 @@ mod open;
 pub mod otel;
 #[cfg(test)]
 mod stalled;
+pub mod tls;
 pub mod topology;
 
 pub use accept::Refused;

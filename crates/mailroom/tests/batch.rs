@@ -283,6 +283,7 @@ async fn http_batches_are_json_arrays_and_may_fail_some_ids() {
             secret: None,
             headers: Default::default(),
             permanent_statuses: vec![410],
+            tls: Default::default(),
         })
         .expect("http handler");
     let mut topic = batch_topic(BatchSettings {

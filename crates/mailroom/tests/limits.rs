@@ -335,6 +335,7 @@ async fn a_429_retry_after_pauses_the_topic_on_every_instance() {
             secret: None,
             headers: BTreeMap::new(),
             permanent_statuses: vec![410],
+            tls: Default::default(),
         };
         Arc::new(HttpHandler::new(settings).expect("handler"))
     };

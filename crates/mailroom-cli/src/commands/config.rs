@@ -21,6 +21,7 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     let undeclared = config.accept_undeclared_sources()?;
     // Validates every topic, source, handler and secret, without a store.
     let topology = Topology::from_config(&config)?;
+    super::serve::load_tls(&config)?;
     let warnings = warnings(&config);
     if json {
         outln!(
@@ -35,6 +36,13 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     outln!("  store   {}", redact(&config.store.url));
     if undeclared {
         outln!("  undeclared sources accepted (loopback): POST /webhooks/<name> into topic <name>");
+    }
+    if let Some(tls) = &config.tls {
+        outln!(
+            "  tls     https: cert_file {}, key_file {} (SIGHUP re-reads them)",
+            tls.cert_file.display(),
+            tls.key_file.display()
+        );
     }
     print_topics(&config, &topology);
     print_sources(&config);
@@ -100,7 +108,19 @@ fn handler_label(config: &Config, topic: &str) -> String {
         return "built-in".to_owned();
     };
     if let Some(http) = &spec.http {
-        return format!("http POST {}", redact(&http.url));
+        // File names only, never what they hold.
+        let tls: Vec<String> = [
+            ("ca_file", &http.ca_file),
+            ("client_cert", &http.client_cert),
+            ("client_key", &http.client_key),
+        ]
+        .into_iter()
+        .filter_map(|(k, p)| p.as_ref().map(|p| format!("{k} {}", p.display())))
+        .collect();
+        return match tls.is_empty() {
+            true => format!("http POST {}", redact(&http.url)),
+            false => format!("http POST {} ({})", redact(&http.url), tls.join(", ")),
+        };
     }
     if let Some(program) = spec.command.as_ref().and_then(|c| c.argv().first()) {
         return format!("command {program}");

@@ -1,10 +1,13 @@
 //! `mailroom serve`: intake, dispatcher and HTTP API in one process, until
-//! SIGINT/SIGTERM.
+//! SIGINT/SIGTERM. With `[tls]` the listener speaks HTTPS, and SIGHUP
+//! re-reads its certificate and key.
 
 use super::{amqp, load_config, open};
 use crate::Cli;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use mailroom_config::{Config, Topology};
+use mailroom_server::tls::ServerTls;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 pub(super) async fn run(cli: &Cli, listen: Option<&str>) -> Result<()> {
@@ -23,6 +26,7 @@ async fn serve(config: Config) -> Result<()> {
     let addr = config.checked_listen_addr()?;
     let tokens = config.api_tokens();
     let undeclared = config.accept_undeclared_sources()?;
+    let tls = load_tls(&config)?.map(Arc::new);
     let mut topology = Topology::from_config(&config)?;
     let plan = std::mem::take(&mut topology.amqp);
     amqp::declare_before_serve(&plan, &config.origin).await?;
@@ -34,10 +38,25 @@ async fn serve(config: Config) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    announce(&config, &engine, listener.local_addr()?, undeclared);
+    // Before the start-up line: a SIGHUP sent once it is out reloads
+    // rather than ends the process.
+    let reload = tls
+        .as_ref()
+        .map(|tls| reload_on_sighup(tls.clone(), shutdown.clone()))
+        .transpose()?;
+    announce(
+        &config,
+        &engine,
+        listener.local_addr()?,
+        undeclared,
+        tls.as_deref(),
+    );
     let (brokers, dependencies) = amqp::start(&plan, &engine, &shutdown)?;
 
     tokio::spawn(wait_for_signals(shutdown.clone()));
+    if let Some(reload) = reload {
+        tokio::spawn(reload);
+    }
     let limits = server_limits(&config.limits);
     let router = mailroom_server::router(
         engine.clone(),
@@ -46,11 +65,18 @@ async fn serve(config: Config) -> Result<()> {
             metrics: Some(render),
             limits: limits.clone(),
             dependencies,
-            tls: false,
+            tls: tls.is_some(),
             protect_metrics: config.protect_metrics,
         },
     );
-    let server = mailroom_server::serve_with(listener, router, shutdown.clone(), &limits);
+    let server = async {
+        match &tls {
+            Some(tls) => {
+                mailroom_server::serve_https(listener, router, shutdown.clone(), &limits, tls).await
+            }
+            None => mailroom_server::serve_with(listener, router, shutdown.clone(), &limits).await,
+        }
+    };
     // Dispatch starts once the AMQP connections are up (or after a few
     // seconds without them), so due events are not first attempted on a
     // handler whose channel is still opening; intake starts at once.
@@ -72,8 +98,13 @@ fn announce(
     engine: &mailroom::Engine,
     local: std::net::SocketAddr,
     undeclared: bool,
+    tls: Option<&ServerTls>,
 ) {
-    tracing::info!(listen = %local, store = %mailroom::redact::url(&config.store.url), config = %config.origin, "mailroom is serving");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(listen = %local, url = %format_args!("{scheme}://{local}"), store = %mailroom::redact::url(&config.store.url), config = %config.origin, "mailroom is serving");
+    if let Some(tls) = tls {
+        tracing::info!(cert_file = %tls.cert_file().display(), sha256 = %tls.fingerprint(), "serving HTTPS; SIGHUP re-reads the certificate and key");
+    }
     if engine.alert_rules().any() {
         tracing::info!(
             window = %mailroom::duration::format(mailroom::alert::ALERT_WINDOW),
@@ -98,6 +129,7 @@ fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::li
             .max(1),
         max_connections: c.max_connections.unwrap_or(d.max_connections).max(1),
         header_read_timeout: c.header_read_timeout.unwrap_or(d.header_read_timeout),
+        tls_handshake_timeout: c.tls_handshake_timeout.unwrap_or(d.tls_handshake_timeout),
         body_read_timeout: c.body_read_timeout.unwrap_or(d.body_read_timeout),
         max_headers: c.max_headers.unwrap_or(d.max_headers).max(1),
         max_header_bytes: c.max_header_bytes.map_or(d.max_header_bytes, |b| {
@@ -107,6 +139,57 @@ fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::li
         shutdown_grace: d.shutdown_grace,
         rejection_log_every: d.rejection_log_every,
     }
+}
+
+/// `[tls]`'s certificate and key, read and checked; errors name the key
+/// and the file.
+pub(super) fn load_tls(config: &Config) -> Result<Option<ServerTls>> {
+    config
+        .tls
+        .as_ref()
+        .map(|t| {
+            ServerTls::load(&t.cert_file, &t.key_file)
+                .map_err(|e| anyhow!("{}: {e}", config.origin))
+        })
+        .transpose()
+}
+
+/// Each SIGHUP re-reads `[tls]`'s files: new handshakes get the new
+/// certificate, open connections keep theirs; a pair that does not load
+/// is refused (ERROR) and the current one kept. The signal is taken here,
+/// at once, so a SIGHUP no longer ends the process from this call on.
+#[cfg(unix)]
+fn reload_on_sighup(
+    tls: Arc<ServerTls>,
+    shutdown: CancellationToken,
+) -> Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    Ok(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            match tls.reload() {
+                Ok(()) => {
+                    tracing::info!(cert_file = %tls.cert_file().display(), sha256 = %tls.fingerprint(), "SIGHUP: TLS certificate reloaded; new connections get it")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, sha256 = %tls.fingerprint(), "SIGHUP: the TLS certificate and key were not reloaded; still serving the previous certificate")
+                }
+            }
+        }
+    })
+}
+
+/// Without SIGHUP, the certificate is read at start only.
+#[cfg(not(unix))]
+fn reload_on_sighup(
+    _tls: Arc<ServerTls>,
+    _shutdown: CancellationToken,
+) -> Result<impl Future<Output = ()>> {
+    Ok(std::future::ready(()))
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown (stop intake, finish attempts in

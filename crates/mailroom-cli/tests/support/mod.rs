@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Serve {
     child: Child,
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` with `[tls]`).
     pub base: String,
     /// WARN and ERROR log lines (from the start on), for the report and
     /// for diagnosis.
@@ -74,7 +74,10 @@ impl Serve {
                 continue;
             };
             if let Some(listen) = v.get("listen").and_then(|l| l.as_str()) {
-                let base = format!("http://{listen}");
+                let base = v
+                    .get("url")
+                    .and_then(|u| u.as_str())
+                    .map_or_else(|| format!("http://{listen}"), str::to_owned);
                 let sink = problems.clone();
                 // Keep draining stderr so the child never blocks on a full pipe.
                 std::thread::spawn(move || {
@@ -103,9 +106,16 @@ impl Serve {
 
     /// Sends SIGTERM and returns at once (the graceful stop goes on).
     pub fn signal_term(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`HUP`, `TERM`...) and returns at once.
+    pub fn signal(&self, name: &str) {
         let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), pid.as_str()])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -{name} {pid}");
     }
 
     /// SIGTERM (graceful shutdown), then waits up to 30 s for the exit;

@@ -35,6 +35,30 @@ pub struct HttpHandlerSettings {
     pub headers: BTreeMap<String, String>,
     /// Statuses that mean "do not retry".
     pub permanent_statuses: Vec<u16>,
+    /// Extra trusted CAs and a client certificate (none by default).
+    pub tls: HttpTls,
+}
+
+/// TLS of an HTTP handler beyond the system's trusted roots, as PEM text
+/// (read from files and checked by [`crate::tls`] first).
+#[derive(Clone, Default)]
+pub struct HttpTls {
+    /// CA certificates trusted **in addition to** the system roots (an
+    /// internal CA), as most HTTP clients do with an added CA.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate chain and its private key, presented to
+    /// receivers that ask for one (mutual TLS).
+    pub identity_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for HttpTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("HttpTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity_pem.is_some())
+            .finish()
+    }
 }
 
 impl HttpHandlerSettings {
@@ -61,13 +85,28 @@ impl HttpHandler {
                 .map_err(|_| format!("headers.{k}: not a valid header value"))?;
             extra.insert(name, value);
         }
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder();
+        if let Some(pem) = &settings.tls.ca_pem {
+            let cas = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| format!("ca_file: {}", error_chain(&e)))?;
+            client = client.tls_certs_merge(cas);
+        }
+        if let Some(pem) = &settings.tls.identity_pem {
+            let identity = reqwest::Identity::from_pem(pem)
+                .map_err(|e| format!("client_cert: {}", error_chain(&e)))?;
+            client = client.identity(identity);
+        }
+        let client = client
             .timeout(settings.timeout)
             .connect_timeout(settings.timeout.min(Duration::from_secs(10)))
             .pool_max_idle_per_host(64)
             .user_agent(concat!("mailroom/", env!("CARGO_PKG_VERSION")))
+            // A redirect would carry the payload, the signature and the
+            // configured headers to wherever the receiver points: a 3xx is
+            // a failed attempt instead (see `judge`).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+            .map_err(|e| format!("cannot build HTTP client: {}", error_chain(&e)))?;
         Ok(Self {
             settings,
             client,
@@ -167,7 +206,8 @@ impl HttpHandler {
     }
 
     /// Any 2xx is success; `permanent_statuses` are permanent; anything else
-    /// is retried, at `Retry-After` if the answer gives one.
+    /// (a 3xx too: redirects are never followed) is retried, at
+    /// `Retry-After` if the answer gives one.
     async fn judge(&self, resp: reqwest::Response) -> Answer {
         let status = resp.status();
         let retry_after = resp
@@ -175,16 +215,28 @@ impl HttpHandler {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
+        let location = resp.headers().get(reqwest::header::LOCATION).map(|v| {
+            tail(
+                &mailroom_core::redact::url(&String::from_utf8_lossy(v.as_bytes())),
+                512,
+            )
+        });
         // Bounded read of the answer: it only feeds error text and batch verdicts.
         let text = read_limited(resp, 64 * 1024).await;
         if status.is_success() {
             return Answer::Success(text);
         }
-        let error = format!(
-            "HTTP {}: {}",
-            status.as_u16(),
-            tail(&String::from_utf8_lossy(&text), 512)
-        );
+        let error = match location {
+            Some(to) if status.is_redirection() => format!(
+                "HTTP {}: redirect to {to} not followed (point the handler's url there if it is meant)",
+                status.as_u16()
+            ),
+            _ => format!(
+                "HTTP {}: {}",
+                status.as_u16(),
+                tail(&String::from_utf8_lossy(&text), 512)
+            ),
+        };
         Answer::Failure(
             if self.settings.permanent_statuses.contains(&status.as_u16()) {
                 Outcome::Permanent { error }

@@ -146,6 +146,9 @@ async fn deliver_all(
     let client = match reqwest::Client::builder()
         .timeout(settings.timeout)
         .user_agent(concat!("mailroom/", env!("CARGO_PKG_VERSION")))
+        // Redirects are not followed: the signed alert goes where the
+        // operator configured it, or fails (see `post`).
+        .redirect(reqwest::redirect::Policy::none())
         .build()
     {
         Ok(c) => c,
@@ -215,9 +218,17 @@ async fn post(
         .send()
         .await
         .map_err(|e| e.without_url().to_string())?;
-    if resp.status().is_success() {
-        Ok(())
-    } else {
-        Err(format!("HTTP {}", resp.status().as_u16()))
+    let status = resp.status();
+    let location = resp
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .map(|v| mailroom_core::redact::url(&String::from_utf8_lossy(v.as_bytes())));
+    match location {
+        _ if status.is_success() => Ok(()),
+        Some(to) if status.is_redirection() => Err(format!(
+            "HTTP {}: redirect to {to} not followed",
+            status.as_u16()
+        )),
+        _ => Err(format!("HTTP {}", status.as_u16())),
     }
 }
