@@ -358,3 +358,92 @@ async fn alert_notifications_are_signed_and_sent_once_per_transition() {
             .expect("RFC 3339 at");
     }
 }
+
+/// Alert notifications never follow a redirect: a receiver answering `307`
+/// to another address gets the notification retried, and the address it
+/// points to receives nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_notifications_do_not_follow_redirects() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let serve = |app: axum::Router| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    };
+    let reached = Arc::new(AtomicUsize::new(0));
+    let target = serve(axum::Router::new().route(
+        "/elsewhere",
+        axum::routing::post({
+            let reached = reached.clone();
+            move || async move {
+                reached.fetch_add(1, Ordering::SeqCst);
+                http::StatusCode::NO_CONTENT
+            }
+        }),
+    ))
+    .await;
+    let redirected = Arc::new(AtomicUsize::new(0));
+    let redirector = serve(axum::Router::new().route(
+        "/alerts",
+        axum::routing::post({
+            let redirected = redirected.clone();
+            move || async move {
+                redirected.fetch_add(1, Ordering::SeqCst);
+                (
+                    http::StatusCode::TEMPORARY_REDIRECT,
+                    [("location", format!("http://{target}/elsewhere"))],
+                )
+            }
+        }),
+    ))
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = mailroom::open_store(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        true,
+    )
+    .await
+    .expect("open");
+    store.migrate().await.expect("migrate");
+    let mut notify = mailroom::AlertNotify::new(
+        format!("http://{redirector}/alerts").parse().expect("url"),
+        None,
+    );
+    notify.retry_base = Duration::from_millis(50);
+    let engine = Engine::builder(store)
+        .topic(TopicSpec::new("pulled"))
+        .alerts(AlertRules {
+            backlog: Some(2),
+            ..AlertRules::default()
+        })
+        .alert_notify(notify)
+        .alert_interval(Duration::from_millis(50))
+        .maintenance_period(Duration::from_millis(20))
+        .build()
+        .expect("engine");
+    for i in 0..3 {
+        engine
+            .enqueue(Draft::json("pulled", &serde_json::json!({ "i": i })))
+            .await
+            .expect("enqueue");
+    }
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run(shutdown).await }
+    });
+    wait_for("a retried notification", async || {
+        redirected.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    shutdown.cancel();
+    run.await.expect("engine stopped");
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "the redirect target received nothing"
+    );
+}
