@@ -65,6 +65,7 @@ async fn a_failed_request_is_recorded_without_the_urls_secrets() {
         secret: None,
         headers: BTreeMap::new(),
         permanent_statuses: vec![410],
+        tls: Default::default(),
     })
     .expect("handler");
     let event = run_once(Arc::new(handler)).await;
