@@ -25,9 +25,11 @@ source "$REPO_ROOT/scripts/lib/services.sh"
 DIR="${MAILROOM_SERVICES_DIR:-$(mr_tmp_base)/mailroom-services-$(id -un)}"
 
 is_up() {
-  [[ -f "$DIR/env" && -f "$DIR/pg.port" && -f "$DIR/pgtls.port" && -f "$DIR/amqp.port" ]] || return 1
+  [[ -f "$DIR/env" && -f "$DIR/pg.port" && -f "$DIR/pgtls.port" && -f "$DIR/pgbouncer.port" \
+    && -f "$DIR/amqp.port" ]] || return 1
   mr_pg_answers "$(cat "$DIR/pg.port")" "" || return 1
   mr_pg_answers "$(cat "$DIR/pgtls.port")" "sslmode=require" || return 1
+  mr_pg_answers "$(cat "$DIR/pgbouncer.port")" "" || return 1
   mr_amqp_handshake "$(cat "$DIR/amqp.port")"
 }
 

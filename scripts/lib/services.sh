@@ -9,13 +9,16 @@
 #
 #   $MR_STATE/
 #     env               export lines (MAILROOM_TEST_POSTGRES_URL, MAILROOM_TEST_POSTGRES_TLS_URL,
-#                       MAILROOM_TEST_AMQP_URL, MAILROOM_TEST_AMQPS_URL, MAILROOM_TEST_TLS_DIR)
+#                       MAILROOM_TEST_AMQP_URL, MAILROOM_TEST_AMQPS_URL, MAILROOM_TEST_TLS_DIR,
+#                       MAILROOM_TEST_PGBOUNCER_URL)
 #     tls/              the test CA and certificates (mr_tls_certs)
 #     pg/data           PostgreSQL cluster (owned by `postgres` when run as root);
 #                       its unix socket lives here too
 #     pg/server.log     PostgreSQL server log
 #     pgtls/            a second cluster that accepts only TLS: data/, server.log,
 #                       its own 0600 copies of server.pem, server.key, ca.pem
+#     pgbouncer/        PgBouncer in transaction mode in front of pg/: config,
+#                       auth file, log, pid (owned by `postgres` when run as root)
 #     rabbit/           RabbitMQ private node: HOME (erlang cookie), mnesia, logs,
 #                       config, pid file (owned by `rabbitmq` when run as root)
 #     rabbit.pgid       process group of the node (started under setsid)
@@ -99,10 +102,12 @@ mr_ensure_packages() {
   # language: Python's pika (apt's, so the system interpreter's, whatever
   # `python3` is first on PATH).
   /usr/bin/python3 -c 'import pika' >/dev/null 2>&1 || missing+=(python3-pika)
+  # Tests run mailroom through a transaction-mode pooler too.
+  command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
   if ((${#missing[@]})); then
     mr_apt_install "${missing[@]}"
   else
-    mr_log "packages present: postgresql-15, rabbitmq-server, python3-pika"
+    mr_log "packages present: postgresql-15, rabbitmq-server, python3-pika, pgbouncer"
   fi
   [[ -x "$MR_PG_BIN/initdb" ]] || mr_die "initdb not found in $MR_PG_BIN after install"
   [[ -x "$MR_RABBIT_BIN/rabbitmq-server" ]] || mr_die "rabbitmq-server not found in $MR_RABBIT_BIN after install"
@@ -154,16 +159,17 @@ mr_tmp_base() {
 
 mr_state_init() {
   # $1: state dir to create (must not exist or be empty); $2...: the
-  # services to make room for, `pg`, `pgtls` and/or `rabbit` (default: all).
+  # services to make room for, `pg`, `pgtls`, `pgbouncer` and/or `rabbit`
+  # (default: all).
   MR_STATE="$1"; shift
   local service user
   mkdir -p "$MR_STATE"
   # Service accounts must be able to traverse into it.
   chmod 0755 "$MR_STATE"
-  (($#)) || set -- pg pgtls rabbit
+  (($#)) || set -- pg pgtls pgbouncer rabbit
   for service in "$@"; do
     case "$service" in
-      pg | pgtls) user=postgres ;;
+      pg | pgtls | pgbouncer) user=postgres ;;
       rabbit) user=rabbitmq ;;
       *) mr_die "mr_state_init: unknown service $service" ;;
     esac
@@ -325,6 +331,74 @@ mr_pg_stop() {
       local pid; pid="$(head -n1 "$pgdata/postmaster.pid" 2>/dev/null || true)"
       [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
     }
+}
+
+# --------------------------------------------------------------- PgBouncer --
+
+# PgBouncer in transaction mode in front of the test PostgreSQL (mr_pg_start
+# first), on a free loopback port: every database name is passed through
+# (`* =`), so the per-test databases are reachable too. Sets MR_PGBOUNCER_URL.
+mr_pgbouncer_start() {
+  local start attempt port b="$MR_STATE/pgbouncer" pg_port bin
+  start="$(mr_now)"
+  pg_port="$(cat "$MR_STATE/pg.port")"
+  bin="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
+  for attempt in 1 2 3; do
+    port="$(mr_free_port)"
+    mr_as postgres sh -c "
+      echo '\"$MR_PG_USER\" \"\"' >'$b/userlist.txt'
+      cat >'$b/pgbouncer.ini' <<EOF
+[databases]
+* = host=127.0.0.1 port=$pg_port
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $b/userlist.txt
+pool_mode = transaction
+max_client_conn = 2000
+default_pool_size = 40
+max_db_connections = 200
+server_lifetime = 3600
+server_idle_timeout = 60
+logfile = $b/pgbouncer.log
+pidfile = $b/pgbouncer.pid
+admin_users = $MR_PG_USER
+EOF"
+    mr_log "PgBouncer: starting on 127.0.0.1:$port, transaction mode (attempt $attempt)"
+    mr_as postgres "$bin" -d "$b/pgbouncer.ini" >>"$b/start.log" 2>&1 || true
+    local deadline=$((SECONDS + 15))
+    until mr_pg_answers "$port"; do
+      ((SECONDS > deadline)) && break
+      sleep 0.2
+    done
+    if mr_pg_answers "$port"; then
+      echo "$port" >"$MR_STATE/pgbouncer.port"
+      break
+    fi
+    mr_tail "$b/pgbouncer.log" "$b/start.log"
+    mr_pgbouncer_stop
+  done
+  [[ -f "$MR_STATE/pgbouncer.port" ]] || mr_die "PgBouncer failed to start"
+  MR_PGBOUNCER_URL="postgres://$MR_PG_USER@127.0.0.1:$port/postgres"
+  mr_log "PgBouncer: ready ($MR_PGBOUNCER_URL) in $(mr_since "$start")"
+}
+
+mr_pgbouncer_stop() {
+  local f="$MR_STATE/pgbouncer/pgbouncer.pid" pid i
+  [[ -f "$f" ]] || return 0
+  pid="$(cat "$f" 2>/dev/null || true)"
+  [[ -n "$pid" ]] || return 0
+  mr_log "PgBouncer: stopping"
+  kill -INT "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$f"
 }
 
 # ---------------------------------------------------------------- RabbitMQ --
@@ -529,6 +603,7 @@ mr_write_env() {
     echo "export MAILROOM_TEST_AMQP_URL='$MR_AMQP_URL'"
     echo "export MAILROOM_TEST_TLS_DIR='$MR_TLS_DIR'"
     echo "export MAILROOM_TEST_AMQPS_URL='$MR_AMQPS_URL'"
+    echo "export MAILROOM_TEST_PGBOUNCER_URL='$MR_PGBOUNCER_URL'"
   } >"$MR_STATE/env"
 }
 
@@ -539,6 +614,7 @@ mr_services_up() {
   mr_tls_certs
   mr_pg_start
   mr_pg_tls_start
+  mr_pgbouncer_start
   mr_rabbit_start
   mr_write_env
 }
@@ -548,6 +624,7 @@ mr_services_down() {
   MR_STATE="$1"
   [[ -n "$MR_STATE" && -d "$MR_STATE" ]] || return 0
   mr_rabbit_stop || true
+  mr_pgbouncer_stop || true
   mr_pg_stop || true
   mr_pg_stop pgtls || true
   rm -rf -- "$MR_STATE"

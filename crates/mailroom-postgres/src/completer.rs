@@ -15,10 +15,10 @@
 //! holds back its topic loop (its places among the outcomes being
 //! recorded), which is the backpressure the queue is there for.
 
+use crate::db::Db;
 use crate::sql::complete_many;
 use crate::timeouts::{DATA_LIMIT, bounded};
 use mailroom_core::{Completion, EventId, FencingToken, Result, StoreError};
-use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
 struct Job {
@@ -40,7 +40,7 @@ fn stopped() -> StoreError {
 
 impl Completer {
     /// Starts the task; `group` is the most completions per transaction.
-    pub(crate) fn start(pool: PgPool, group: usize, capacity: usize) -> Self {
+    pub(crate) fn start(pool: Db, group: usize, capacity: usize) -> Self {
         let (queue, rx) = mpsc::channel(capacity);
         tokio::spawn(run(pool, rx, group.max(1)));
         Self { queue }
@@ -68,7 +68,7 @@ impl Completer {
     }
 }
 
-async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize) {
+async fn run(pool: Db, mut rx: mpsc::Receiver<Job>, group: usize) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);
     while crate::writer::next_group(&mut rx, &mut batch, group).await {
         if batch.len() < group {

@@ -32,6 +32,7 @@
 
 mod claimer;
 mod completer;
+mod db;
 mod floor;
 mod listen;
 mod options;

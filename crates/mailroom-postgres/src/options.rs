@@ -9,8 +9,18 @@ use std::time::Duration;
 /// Settings of a [`PostgresStore`](crate::PostgresStore).
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
-    /// Where the database is (host, port, user, database, TLS...).
+    /// Where the database is (host, port, user, database, TLS...): every
+    /// statement goes there, except the session work of [`direct`](Self::direct).
     pub connect: PgConnectOptions,
+    /// A direct connection to the same database, when [`connect`](Self::connect)
+    /// is a connection pooler in transaction mode (PgBouncer, Supabase's
+    /// pooler): what needs a session of its own goes there (the `LISTEN`
+    /// connection, the sequential topics' claim locks, migrations), and
+    /// every statement through `connect` runs in a transaction of its own
+    /// without cached prepared statements (`db.rs`). `None`: `connect` is
+    /// direct (or a session-mode pooler), which [`PostgresStore::connect`](crate::PostgresStore::connect)
+    /// checks, refusing a transaction-mode pooler.
+    pub direct: Option<PgConnectOptions>,
     /// Largest number of pooled connections (claims, completions, reads and
     /// the group-commit writer share them; the listener has its own).
     pub pool_size: u32,
@@ -46,21 +56,21 @@ impl PostgresOptions {
     /// `sslkey` (a client certificate). The files are read here, so a
     /// wrong path is an error now, not at the first connection.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
-            return Err(StoreError::Invalid(format!(
-                "not a postgres URL: {:?}",
-                redact(url)
-            )));
-        }
-        let connect = PgConnectOptions::from_str(&crate::tls::for_sqlx(url)?)
-            .map_err(|e| StoreError::Invalid(format!("postgres URL {:?}: {e}", redact(url))))?;
-        Ok(Self::new(crate::tls::apply(url, connect)?))
+        Ok(Self::new(parse(url)?))
+    }
+
+    /// These options with `url` as the [`direct`](Self::direct) connection
+    /// (TLS parameters as in [`from_url`](Self::from_url)).
+    pub fn with_direct_url(mut self, url: &str) -> Result<Self, StoreError> {
+        self.direct = Some(parse(url)?);
+        Ok(self)
     }
 
     /// Defaults for the database `connect` names.
     pub fn new(connect: PgConnectOptions) -> Self {
         Self {
             connect,
+            direct: None,
             pool_size: 16,
             group_commit: true,
             max_batch: 512,
@@ -82,6 +92,18 @@ impl PostgresOptions {
     }
 }
 
+fn parse(url: &str) -> Result<PgConnectOptions, StoreError> {
+    if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
+        return Err(StoreError::Invalid(format!(
+            "not a postgres URL: {:?}",
+            redact(url)
+        )));
+    }
+    let connect = PgConnectOptions::from_str(&crate::tls::for_sqlx(url)?)
+        .map_err(|e| StoreError::Invalid(format!("postgres URL {:?}: {e}", redact(url))))?;
+    crate::tls::apply(url, connect)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,12 +114,22 @@ mod tests {
         assert!(o.is_ok());
         assert!(PostgresOptions::from_url("postgresql://h/db").is_ok());
         assert!(PostgresOptions::from_url("sqlite://x.db").is_err());
+        let o = o.and_then(|o| o.with_direct_url("postgres://u@127.0.0.1:5432/db"));
+        assert_eq!(
+            o.ok().and_then(|o| o.direct).map(|d| d.get_port()),
+            Some(5432)
+        );
+        assert!(
+            PostgresOptions::from_url("postgres://h/db")
+                .and_then(|o| o.with_direct_url("mysql://h/db"))
+                .is_err()
+        );
     }
 
     #[test]
     fn defaults_match_the_documentation() {
         let o = PostgresOptions::new(PgConnectOptions::new());
-        assert!(o.group_commit && o.listen);
+        assert!(o.group_commit && o.listen && o.direct.is_none());
         assert_eq!(
             (o.pool_size, o.max_batch, o.queue_capacity),
             (16, 512, 8192)

@@ -2,6 +2,7 @@
 
 use crate::claimer::{Claimer, release_later};
 use crate::completer::Completer;
+use crate::db::Db;
 use crate::floor::{Floors, RESCAN};
 use crate::options::PostgresOptions;
 use crate::sql::{self, db};
@@ -9,14 +10,15 @@ use crate::timeouts::{ADMIN_LIMIT, DATA_LIMIT, LONG_LIMIT, bounded};
 use crate::vacuum::QueueVacuum;
 use crate::writer::Writer;
 use jiff::Timestamp;
+use mailroom_core::StoreError;
 use mailroom_core::{
     AttemptWindow, ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, EventSearch,
     FencingToken, Inserted, LimitedClaim, ListFilter, Migrated, NewEvent, OnDead, Page,
     PurgeReport, ReplayReport, Result, Retention, SchemaVersion, Store, Throughput, TopicStats,
     TopicStream,
 };
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgPool, Row};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,7 +49,11 @@ pub struct PostgresStore {
 
 #[derive(Debug)]
 struct Inner {
-    pool: PgPool,
+    /// Statements, through `url` (`db.rs`).
+    pool: Db,
+    /// Connections for session work (claim locks, migrations): to
+    /// `direct_url` when there is one, else `pool`'s own.
+    session: PgPool,
     writer: Writer,
     /// `None` without group commit: each completion is its own statement.
     completer: Option<Completer>,
@@ -93,16 +99,39 @@ impl PostgresStore {
     /// call [`Store::migrate`]. A database that is down gives
     /// [`StoreError::Unavailable`](mailroom_core::StoreError::Unavailable);
     /// once connected, the pool reconnects by itself after outages.
+    ///
+    /// With [`PostgresOptions::direct`], session work connects there and
+    /// statements through `connect` run as a transaction-mode pooler needs
+    /// (`db.rs`). Without it, a `connect` that turns out to be such a
+    /// pooler is refused ([`StoreError::Invalid`], naming `direct_url`).
     pub async fn connect(opts: PostgresOptions) -> Result<Self> {
         opts.validate()?;
         crate::tls::log_mode(&opts.connect);
-        // Durability does not depend on the server's default (SPEC §2.1).
-        let connect = opts
-            .connect
+        if let Some(direct) = &opts.direct {
+            crate::tls::log_mode(direct);
+        }
+        let pooled = opts.direct.is_some();
+        // Durability does not depend on the server's default (SPEC §2.1):
+        // a direct connection sets it at startup; through a pooler, which
+        // would refuse or drop that startup option, each transaction sets
+        // it (`db.rs`), and nothing else at startup needs the pooler's
+        // `ignore_startup_parameters` (not even sqlx's `extra_float_digits`).
+        let direct = opts
+            .direct
             .clone()
+            .unwrap_or_else(|| opts.connect.clone())
             .options([("synchronous_commit", "on")])
             .options(crate::timeouts::session_settings())
             .application_name("mailroom");
+        let connect = if pooled {
+            opts.connect
+                .clone()
+                .application_name("mailroom")
+                .extra_float_digits(None)
+                .statement_cache_capacity(0)
+        } else {
+            direct.clone()
+        };
         let pool = PgPoolOptions::new()
             .max_connections(opts.pool_size)
             .acquire_timeout(opts.acquire_timeout)
@@ -128,11 +157,26 @@ impl PostgresStore {
                 })
             })
             .after_release(crate::timeouts::after_release)
-            .connect_with(connect.clone())
+            .connect_with(connect)
             .await
-            .map_err(db("connecting"))?;
+            .map_err(|e| refused_startup(e, pooled))?;
+        let session = if pooled {
+            // Taken out of it (`detach`) by claimers, so its size bounds
+            // only how many are opened at once.
+            PgPoolOptions::new()
+                .max_connections(opts.pool_size)
+                .min_connections(0)
+                .acquire_timeout(opts.acquire_timeout)
+                .connect_with(direct.clone())
+                .await
+                .map_err(db("connecting to direct_url"))?
+        } else {
+            refuse_transaction_pooler(&pool).await?;
+            pool.clone()
+        };
+        let pool = Db::new(pool, pooled);
         let (notify, listener) = if opts.listen {
-            let (tx, task) = crate::listen::start(connect, opts.acquire_timeout).await?;
+            let (tx, task) = crate::listen::start(direct, opts.acquire_timeout).await?;
             (tx, Some(task))
         } else {
             (broadcast::channel(1).0, None)
@@ -142,10 +186,11 @@ impl PostgresStore {
         let completer = opts
             .group_commit
             .then(|| Completer::start(pool.clone(), opts.max_batch, opts.queue_capacity));
-        let vacuum = QueueVacuum::new(pool.clone(), opts.vacuum_queue_every);
+        let vacuum = QueueVacuum::new(pool.pool().clone(), opts.vacuum_queue_every);
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                session,
                 writer,
                 completer,
                 notify,
@@ -176,12 +221,27 @@ impl PostgresStore {
 
     /// The connection pool, for applications that want to run their own
     /// transactions (e.g. [`outbox::enqueue`](crate::outbox::enqueue)) on
-    /// the same database.
+    /// the same database. Through a pooler ([`PostgresOptions::direct`]),
+    /// its connections reach the pooler: run statements there in
+    /// transactions.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        self.inner.pool.pool()
     }
 
-    fn pool_ref(&self) -> &PgPool {
+    /// A transaction on [`pool`](Self::pool), for the application's own
+    /// writes and [`outbox::enqueue`](crate::outbox::enqueue): through a
+    /// transaction-mode pooler ([`PostgresOptions::direct`]) it starts as
+    /// the store's own do (`synchronous_commit = on`, no other client's
+    /// prepared statements left on its server connection).
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        self.inner
+            .pool
+            .begin()
+            .await
+            .map_err(db("beginning a transaction"))
+    }
+
+    fn pool_ref(&self) -> &Db {
         &self.inner.pool
     }
 
@@ -208,7 +268,7 @@ impl PostgresStore {
         let last_keyless = sparse().get(&req.topic).copied();
         let window = window_for(last_keyless.is_some());
         let keyless = last_keyless.is_none_or(|at| started.saturating_duration_since(at) >= RESCAN);
-        let conn = turn.locked(self.pool_ref()).await?;
+        let conn = turn.locked(&self.inner.session).await?;
         let heads = match sql::claim_heads(conn, req, on_dead, window, keyless).await {
             Ok(heads) => heads,
             Err(e) => {
@@ -386,6 +446,77 @@ impl PostgresStore {
     }
 }
 
+/// What connecting to `url` failed with. A pooler that refuses
+/// mailroom's startup parameters (PgBouncer answers "unsupported startup
+/// parameter" to `options` and `extra_float_digits` unless its
+/// `ignore_startup_parameters` lists them) is one without `direct_url`:
+/// mailroom sends neither through a pooler.
+fn refused_startup(e: sqlx::Error, pooled: bool) -> StoreError {
+    match &e {
+        sqlx::Error::Database(d)
+            if !pooled && d.message().contains("unsupported startup parameter") =>
+        {
+            StoreError::Invalid(format!(
+                "postgres: connecting: {e}: the url is a connection pooler (PgBouncer); \
+                 set [store] direct_url to a direct connection to the same database, \
+                 and mailroom sends the pooler no such parameter"
+            ))
+        }
+        _ => db("connecting")(e),
+    }
+}
+
+/// Refuses a `pool` whose connections are a transaction-mode pooler's
+/// (see [`PostgresStore::connect`]), where a client connection has no
+/// database session of its own between transactions: one client
+/// connection that meets another server session after another client's
+/// transaction took one, or whose session that other client gets, is not
+/// a session of its own. PgBouncer hands the most recently released server
+/// connection out first, so the other client meets the first one's
+/// session, once the pooler has released it ([`PROBE_PAUSE`]); a few
+/// rounds leave nothing to chance. Simple-protocol statements: they work
+/// through any pooler.
+async fn refuse_transaction_pooler(pool: &PgPool) -> Result<()> {
+    const CTX: &str = "checking for a transaction-mode pooler";
+    async fn pid(conn: &mut sqlx::PgConnection) -> Result<i32> {
+        let row = sqlx::raw_sql("SELECT pg_backend_pid()")
+            .fetch_one(conn)
+            .await
+            .map_err(db(CTX))?;
+        row.try_get(0).map_err(db(CTX))
+    }
+    let mut first = pool.acquire().await.map_err(db(CTX))?;
+    let mut other = pool.acquire().await.map_err(db(CTX))?;
+    for _ in 0..PROBE_ROUNDS {
+        let before = pid(&mut first).await?;
+        tokio::time::sleep(PROBE_PAUSE).await;
+        let mut tx = sqlx::Connection::begin(&mut *other)
+            .await
+            .map_err(db(CTX))?;
+        let theirs = pid(&mut tx).await?;
+        let after = pid(&mut first).await?;
+        tx.rollback().await.map_err(db(CTX))?;
+        if theirs == before || after != before {
+            return Err(StoreError::Invalid(
+                "postgres: the url's connections do not keep their database session between \
+                 transactions: it is a connection pooler in transaction mode (e.g. PgBouncer \
+                 with pool_mode = transaction), through which LISTEN wake-ups and the \
+                 sequential topics' claim locks would be lost; set [store] direct_url to a \
+                 direct connection to the same database"
+                    .into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rounds of [`refuse_transaction_pooler`]'s check.
+const PROBE_ROUNDS: usize = 3;
+
+/// How long [`refuse_transaction_pooler`] lets a pooler take to release a
+/// server connection after its client has read the answer.
+const PROBE_PAUSE: Duration = Duration::from_millis(10);
+
 /// One turn per topic at a time within this process: a caller waits
 /// here, holding no pool connection, rather than at a database lock.
 /// A turn may carry state of its own (`T`), kept from one turn to the next
@@ -437,7 +568,7 @@ impl Store for PostgresStore {
         bounded(
             LONG_LIMIT,
             "migrating",
-            crate::schema::migrate(self.pool_ref()),
+            crate::schema::migrate(&self.inner.session),
         )
         .await
     }
@@ -735,6 +866,30 @@ mod tests {
     use super::*;
     use mailroom_core::Store;
     use sqlx::Connection;
+
+    /// The check behind the refusal of a transaction-mode pooler without
+    /// `direct_url`, on a pooler that accepts mailroom's startup
+    /// parameters (one whose `ignore_startup_parameters` lists them, or
+    /// another pooler): PgBouncer in transaction mode is refused, the
+    /// database itself is not.
+    #[tokio::test]
+    async fn a_pooler_in_transaction_mode_is_told_from_a_database_session() {
+        let direct = mailroom_testkit::fresh_postgres_db().await;
+        let pooler = mailroom_testkit::pgbouncer_url(&direct);
+        let pool = |url: &str| {
+            let opts: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+            PgPoolOptions::new()
+                .max_connections(4)
+                .connect_lazy_with(opts.extra_float_digits(None))
+        };
+        refuse_transaction_pooler(&pool(&direct)).await.unwrap();
+        for _ in 0..20 {
+            match refuse_transaction_pooler(&pool(&pooler)).await {
+                Err(StoreError::Invalid(why)) => assert!(why.contains("direct_url"), "{why}"),
+                other => panic!("PgBouncer in transaction mode not refused: {other:?}"),
+            }
+        }
+    }
 
     fn heads_of(topic: &str, max: u32) -> ClaimRequest {
         ClaimRequest {

@@ -11,10 +11,10 @@
 //! [`StoreError::Unavailable`]. The statement, and how it tells duplicates
 //! apart, is [`sql::insert_batch`](crate::sql::insert_batch).
 
+use crate::db::Db;
 use crate::sql;
 use crate::timeouts::{DATA_LIMIT, bounded};
 use mailroom_core::{Inserted, NewEvent, Result, StoreError};
-use sqlx::PgPool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
@@ -46,7 +46,7 @@ fn stopped() -> StoreError {
 impl Writer {
     /// Starts the task. `group` is the most inserts per transaction (1
     /// without group commit).
-    pub(crate) fn start(pool: PgPool, group: usize, capacity: usize) -> Self {
+    pub(crate) fn start(pool: Db, group: usize, capacity: usize) -> Self {
         let (queue, rx) = mpsc::channel(capacity);
         let commits = Arc::new(AtomicU64::new(0));
         tokio::spawn(run(pool, rx, group.max(1), Arc::clone(&commits)));
@@ -106,7 +106,7 @@ const FAIL_FAST: std::time::Duration = std::time::Duration::from_secs(1);
 /// unknown (the commit may have reached the server): the callers are told
 /// the store is unavailable, so their events are not acknowledged, and
 /// their senders' retries are deduplicated against whatever did commit.
-async fn insert_batch(pool: &PgPool, events: &[&NewEvent]) -> Result<Vec<Inserted>> {
+async fn insert_batch(pool: &Db, events: &[&NewEvent]) -> Result<Vec<Inserted>> {
     bounded(
         DATA_LIMIT,
         "committing inserts",
@@ -115,7 +115,7 @@ async fn insert_batch(pool: &PgPool, events: &[&NewEvent]) -> Result<Vec<Inserte
     .await
 }
 
-async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: Arc<AtomicU64>) {
+async fn run(pool: Db, mut rx: mpsc::Receiver<Job>, group: usize, commits: Arc<AtomicU64>) {
     let mut batch: Vec<Job> = Vec::with_capacity(group);
     let mut down_since: Option<std::time::Instant> = None;
     while next_group(&mut rx, &mut batch, group).await {
@@ -153,7 +153,7 @@ async fn run(pool: PgPool, mut rx: mpsc::Receiver<Job>, group: usize, commits: A
 }
 
 /// Inserts each job of a refused group in its own transaction.
-async fn insert_one_by_one(pool: &PgPool, batch: &mut Vec<Job>, commits: &AtomicU64) {
+async fn insert_one_by_one(pool: &Db, batch: &mut Vec<Job>, commits: &AtomicU64) {
     for job in batch.drain(..) {
         let result = insert_batch(pool, &[&job.event]).await;
         if result.is_ok() {

@@ -8,7 +8,10 @@
 //! * [`AMQP_URL_VAR`] = `amqp://guest:guest@127.0.0.1:<port>/%2f`;
 //! * [`POSTGRES_TLS_URL_VAR`] = `postgres://postgres@localhost:<port>/postgres`,
 //!   a second PostgreSQL that accepts only TLS (its certificate and CA in
-//!   [`TLS_DIR_VAR`]; the role `mailroom` logs in with `client.pem`).
+//!   [`TLS_DIR_VAR`]; the role `mailroom` logs in with `client.pem`);
+//! * [`PGBOUNCER_URL_VAR`] = `postgres://postgres@127.0.0.1:<port>/postgres`,
+//!   PgBouncer in transaction mode in front of the first PostgreSQL, passing
+//!   every database name through ([`pgbouncer_url`]).
 //!
 //! Both helpers **panic** when their variable is missing: a test that needs
 //! a server must fail, never silently skip, when the server is not there.
@@ -48,6 +51,9 @@ pub const POSTGRES_TLS_URL_VAR: &str = "MAILROOM_TEST_POSTGRES_TLS_URL";
 /// certificates (`ca.pem`, `other-ca.pem`, `server.pem`/`.key`,
 /// `expired.pem`/`.key`, `client.pem`/`.key`).
 pub const TLS_DIR_VAR: &str = "MAILROOM_TEST_TLS_DIR";
+/// Environment variable holding the URL of the test PgBouncer
+/// (transaction mode, in front of the test PostgreSQL server).
+pub const PGBOUNCER_URL_VAR: &str = "MAILROOM_TEST_PGBOUNCER_URL";
 
 fn required_env(var: &str) -> String {
     match std::env::var(var) {
@@ -126,6 +132,20 @@ pub async fn fresh_postgres_tls_db() -> String {
         &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
     );
     create_db(&admin).await
+}
+
+/// The database of `db_url` (a [`fresh_postgres_db`]) reached through the
+/// test PgBouncer in transaction mode (`MAILROOM_TEST_PGBOUNCER_URL`).
+///
+/// # Panics
+/// If the variable is not set.
+pub fn pgbouncer_url(db_url: &str) -> String {
+    let bouncer = required_env(PGBOUNCER_URL_VAR);
+    let server = bouncer
+        .rsplit_once('/')
+        .map_or(bouncer.as_str(), |(s, _)| s);
+    let database = db_url.rsplit('/').next().unwrap_or("postgres");
+    format!("{server}/{database}")
 }
 
 /// Creates a new, empty, uniquely named database on the test PostgreSQL

@@ -5,14 +5,15 @@
 
 use super::rows::{DEFAULT_LIMIT, MAX_LIMIT, cursor_seq, event_by_id, get};
 use super::{db, events_from_rows};
+use crate::db::Db;
 use mailroom_core::{
     Event, EventId, EventSearch, ListFilter, Page, ReplayReport, Result, Status, StoreError,
 };
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
 
 /// Why a replay or skip of `id` changed nothing: `NotFound`, or what `why`
 /// makes of the event as it is now.
-async fn refused(pool: &PgPool, id: EventId, why: impl FnOnce(&Event) -> StoreError) -> StoreError {
+async fn refused(pool: &Db, id: EventId, why: impl FnOnce(&Event) -> StoreError) -> StoreError {
     match event_by_id(pool, id).await {
         Ok(None) => StoreError::NotFound,
         Ok(Some((_, e))) => why(&e),
@@ -53,7 +54,7 @@ macro_rules! requeue {
 
 /// Sends a non-running event back to `pending` with `budget` more attempts,
 /// unless retention purged its payload (`payload IS NULL`).
-pub(crate) async fn replay(pool: &PgPool, id: EventId, budget: u32) -> Result<Event> {
+pub(crate) async fn replay(pool: &Db, id: EventId, budget: u32) -> Result<Event> {
     const CTX: &str = "replaying an event";
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     lock_queue_row(&mut tx, id).await?;
@@ -101,7 +102,7 @@ macro_rules! matching {
 /// statement, so both numbers come from one snapshot; the queue rows of
 /// the matching events are locked first, as [`replay`] does.
 pub(crate) async fn replay_matching(
-    pool: &PgPool,
+    pool: &Db,
     filter: &ListFilter,
     budget: u32,
 ) -> Result<ReplayReport> {
@@ -154,7 +155,7 @@ pub(crate) async fn replay_matching(
 
 /// Marks a dead event `skipped`; its queue row (if it has a key) goes, so
 /// its key unblocks.
-pub(crate) async fn skip(pool: &PgPool, id: EventId) -> Result<Event> {
+pub(crate) async fn skip(pool: &Db, id: EventId) -> Result<Event> {
     const CTX: &str = "skipping an event";
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     lock_queue_row(&mut tx, id).await?;
@@ -223,7 +224,7 @@ macro_rules! dead_letters {
 /// their own table; otherwise, without an error or time filter it is the
 /// plain listing (`rows::list`, planned per index); with one, a walk back
 /// by `seq` that the filters keep short.
-pub(crate) async fn search(pool: &PgPool, search: &EventSearch) -> Result<Page> {
+pub(crate) async fn search(pool: &Db, search: &EventSearch) -> Result<Page> {
     if search.filter.status != Some(Status::Dead) && !search.narrows_list() {
         return super::list(pool, &search.filter).await;
     }
@@ -232,7 +233,7 @@ pub(crate) async fn search(pool: &PgPool, search: &EventSearch) -> Result<Page> 
 
 /// [`search`] as a walk back by `seq`: over the dead letters for dead
 /// events, over every event otherwise.
-pub(super) async fn walk(pool: &PgPool, search: &EventSearch) -> Result<Page> {
+pub(super) async fn walk(pool: &Db, search: &EventSearch) -> Result<Page> {
     const CTX: &str = "searching events";
     let dead = search.filter.status == Some(Status::Dead);
     let limit = match search.filter.limit {
@@ -274,7 +275,7 @@ pub(super) async fn walk(pool: &PgPool, search: &EventSearch) -> Result<Page> {
 }
 
 /// How many events match `search`.
-pub(crate) async fn count_matching(pool: &PgPool, search: &EventSearch) -> Result<u64> {
+pub(crate) async fn count_matching(pool: &Db, search: &EventSearch) -> Result<u64> {
     let sql = if search.filter.status == Some(Status::Dead) {
         concat!("SELECT count(*)", dead_letters!(), search_where!())
     } else {
@@ -294,7 +295,7 @@ pub(crate) async fn count_matching(pool: &PgPool, search: &EventSearch) -> Resul
 /// Marks a pending event `cancelled`; its queue row goes. The queue row is
 /// locked first, as claims lock it: a cancel racing a claim waits for it
 /// and then finds the event running.
-pub(crate) async fn cancel(pool: &PgPool, id: EventId) -> Result<Event> {
+pub(crate) async fn cancel(pool: &Db, id: EventId) -> Result<Event> {
     const CTX: &str = "cancelling an event";
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     lock_queue_row(&mut tx, id).await?;
@@ -339,7 +340,7 @@ macro_rules! pending_matching {
 
 /// [`cancel`] for every pending event matching `filter` (its status
 /// aside), their queue rows locked first.
-pub(crate) async fn cancel_matching(pool: &PgPool, filter: &ListFilter) -> Result<u64> {
+pub(crate) async fn cancel_matching(pool: &Db, filter: &ListFilter) -> Result<u64> {
     const CTX: &str = "cancelling events";
     let mut tx = pool.begin().await.map_err(db(CTX))?;
     sqlx::query(concat!(

@@ -3,10 +3,11 @@
 //! under the topic's claim lock), and the next time a claim could succeed.
 
 use super::{EVENT_COLS, col, db, event_from_row, micros, opt_ts};
+use crate::db::Db;
 use jiff::Timestamp;
 use mailroom_core::{ClaimRequest, Claimed, FencingToken, OnDead, Result, StoreError};
+use sqlx::PgConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool};
 
 /// Advisory-lock class (first half of the two-key form) of a sequential
 /// topic's claim lock, the second half `hashtext(topic)`
@@ -528,7 +529,7 @@ const RAISE_WINDOW: i64 = 1000;
 
 /// Runs [`RAISE_WAITING`] for `req`'s topic; how many rows it raised.
 pub(crate) async fn raise_waiting(
-    pool: &PgPool,
+    pool: &Db,
     req: &ClaimRequest,
     max_wait: std::time::Duration,
 ) -> Result<u64> {
@@ -549,7 +550,7 @@ pub(crate) type Position = (i32, i64);
 /// `from` on (a floor, `floor.rs`). Returns each claimed event with its
 /// position, in claim order.
 pub(crate) async fn claim_from(
-    pool: &PgPool,
+    pool: &Db,
     req: &ClaimRequest,
     from: Option<Position>,
 ) -> Result<Vec<(Position, Claimed)>> {
@@ -877,7 +878,7 @@ pub(super) const DUE_HEAD_IN_WALK_SKIP_DEAD: &str = due_head_in_walk!(first_skip
 /// sequential topic's is "now" when a due head lies within that walk
 /// ([`DUE_HEAD_IN_WALK`]), and looked up key by key otherwise.
 pub(crate) async fn next_due(
-    pool: &PgPool,
+    pool: &Db,
     req: &ClaimRequest,
     window: i64,
 ) -> Result<Option<Timestamp>> {

@@ -2,14 +2,14 @@
 //! (one, or a group in one statement) and extending its lease.
 
 use super::{db, micros, ts};
+use crate::db::Db;
 use jiff::Timestamp;
 use mailroom_core::{Completion, EventId, FencingToken, Result, Status, StoreError};
-use sqlx::PgPool;
 use std::collections::HashSet;
 use std::time::Duration;
 
 /// `StaleToken` if the event exists, else `NotFound`.
-async fn stale_or_missing(pool: &PgPool, id: EventId) -> StoreError {
+async fn stale_or_missing(pool: &Db, id: EventId) -> StoreError {
     let found = sqlx::query_scalar::<_, bool>(
         "SELECT EXISTS (SELECT 1 FROM mailroom.events WHERE id = $1::text::uuid)",
     )
@@ -40,7 +40,7 @@ fn completion_parts(c: &Completion) -> (Status, Option<i64>, Option<&str>, &'sta
 /// Records the end of one attempt, if `token` is still current: a group
 /// of one ([`complete_many`]).
 pub(crate) async fn complete(
-    pool: &PgPool,
+    pool: &Db,
     id: EventId,
     token: FencingToken,
     completion: &Completion,
@@ -53,7 +53,7 @@ pub(crate) async fn complete(
 
 /// Pushes a running event's lease to now + `lease`, if `token` is current.
 pub(crate) async fn extend(
-    pool: &PgPool,
+    pool: &Db,
     id: EventId,
     token: FencingToken,
     lease: Duration,
@@ -127,7 +127,7 @@ pub(super) const COMPLETE_MANY: &str = "
 /// deleted while their attempts can still end, and if retention removed
 /// one meanwhile, `NotFound` is what it is by then.
 pub(crate) async fn complete_many(
-    pool: &PgPool,
+    pool: &Db,
     items: &[(EventId, FencingToken, &Completion)],
 ) -> Result<Vec<Result<()>>> {
     const CTX: &str = "completing attempts";
@@ -185,7 +185,7 @@ pub(crate) async fn complete_many(
 }
 
 /// Which of `ids` name stored events.
-async fn existing_ids(pool: &PgPool, ids: &[&str]) -> Result<HashSet<EventId>> {
+async fn existing_ids(pool: &Db, ids: &[&str]) -> Result<HashSet<EventId>> {
     if ids.is_empty() {
         return Ok(HashSet::new());
     }

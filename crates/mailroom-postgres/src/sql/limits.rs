@@ -5,8 +5,8 @@
 //! None of it runs for a topic without limits.
 
 use super::{db, micros, ts};
+use crate::db::Db;
 use mailroom_core::{Grant, Rate, Result, Timestamp};
-use sqlx::PgPool;
 use sqlx::postgres::PgConnection;
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ pub(crate) async fn lock_and_count_running(conn: &mut PgConnection, topic: &str)
 
 /// Pauses `topic` until `pause` from now (or longer, if already paused
 /// longer) and tells every instance; returns the end of the pause.
-pub(crate) async fn pause_topic(pool: &PgPool, topic: &str, pause: Duration) -> Result<Timestamp> {
+pub(crate) async fn pause_topic(pool: &Db, topic: &str, pause: Duration) -> Result<Timestamp> {
     let until: i64 = sqlx::query_scalar(concat!(
         "WITH p AS (
              INSERT INTO mailroom.topic_limits AS l (topic, paused_until)
@@ -125,7 +125,7 @@ pub(crate) async fn pause_topic(pool: &PgPool, topic: &str, pause: Duration) -> 
 }
 
 /// How long `topic` stays paused from now, if it is.
-pub(crate) async fn paused_for(pool: &PgPool, topic: &str) -> Result<Option<Duration>> {
+pub(crate) async fn paused_for(pool: &Db, topic: &str) -> Result<Option<Duration>> {
     let left: Option<i64> = sqlx::query_scalar(
         "SELECT (extract(epoch FROM paused_until - clock_timestamp()) * 1000000)::int8
          FROM mailroom.topic_limits WHERE topic = $1 AND paused_until > clock_timestamp()",

@@ -2,8 +2,8 @@
 //! expired leases and applying retention, and the election itself.
 
 use super::{db, micros};
+use crate::db::Db;
 use mailroom_core::{PurgeReport, Result, Retention};
-use sqlx::PgPool;
 use std::time::Duration;
 
 /// Rows one purge statement touches, so retention never holds many row locks.
@@ -42,7 +42,7 @@ pub(super) const RESCUE: &str = "WITH expired AS (
 /// The running events are listed from `queue_running` (few: at most the
 /// topics' concurrency), and locked in `events` first, as completions lock
 /// them, so the two never wait on each other in opposite orders.
-pub(crate) async fn rescue_expired(pool: &PgPool) -> Result<u64> {
+pub(crate) async fn rescue_expired(pool: &Db) -> Result<u64> {
     // SKIP LOCKED: a row being completed right now is not expired for long;
     // its completion wins, or the next rescue takes it.
     let rescued: i64 = sqlx::query_scalar(RESCUE)
@@ -55,7 +55,7 @@ pub(crate) async fn rescue_expired(pool: &PgPool) -> Result<u64> {
 /// Applies retention in bounded statements (at most [`PURGE_CHUNK`] rows
 /// each, skipping rows another transaction holds), so intake and claims keep
 /// flowing meanwhile. Cutoffs are fixed once, on the database clock.
-pub(crate) async fn purge(pool: &PgPool, retention: Retention) -> Result<PurgeReport> {
+pub(crate) async fn purge(pool: &Db, retention: Retention) -> Result<PurgeReport> {
     let now: i64 = sqlx::query_scalar(concat!("SELECT ", us!("now()")))
         .fetch_one(pool)
         .await
@@ -73,7 +73,7 @@ pub(crate) async fn purge(pool: &PgPool, retention: Retention) -> Result<PurgeRe
 
 /// Deletes `done` and `skipped` events received before `before` (µs since
 /// the epoch) with their history, a chunk at a time; returns how many.
-async fn delete_finished(pool: &PgPool, before: i64) -> Result<u64> {
+async fn delete_finished(pool: &Db, before: i64) -> Result<u64> {
     let mut total = 0;
     loop {
         let deleted: i64 = sqlx::query_scalar(
@@ -104,7 +104,7 @@ async fn delete_finished(pool: &PgPool, before: i64) -> Result<u64> {
 /// Drops the payloads of finished events received before `done_before`
 /// and of dead ones received before `dead_before`, a chunk at a time;
 /// returns how many.
-async fn drop_payloads(pool: &PgPool, done_before: i64, dead_before: i64) -> Result<u64> {
+async fn drop_payloads(pool: &Db, done_before: i64, dead_before: i64) -> Result<u64> {
     let mut total = 0;
     loop {
         let dropped = sqlx::query(
@@ -135,12 +135,7 @@ async fn drop_payloads(pool: &PgPool, done_before: i64, dead_before: i64) -> Res
 /// Takes or renews the lease on `role` for `holder`. `ON CONFLICT DO UPDATE`
 /// locks the existing row and re-evaluates its `WHERE` on the newest version,
 /// so of several instances racing for an expired lease exactly one gets it.
-pub(crate) async fn try_lead(
-    pool: &PgPool,
-    role: &str,
-    holder: &str,
-    ttl: Duration,
-) -> Result<bool> {
+pub(crate) async fn try_lead(pool: &Db, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
     let won: Option<String> = sqlx::query_scalar(
         "INSERT INTO mailroom.leaders AS l (role, holder, lease_until)
          VALUES ($1, $2, now() + $3 * interval '1 microsecond')
@@ -162,7 +157,7 @@ pub(crate) async fn try_lead(
 /// (`queue.ready_at`) started `expire_after` or longer ago to `expired`;
 /// their queue rows go. Queue rows first, as claims lock them.
 pub(crate) async fn expire(
-    pool: &PgPool,
+    pool: &Db,
     topic: &str,
     expire_after: std::time::Duration,
     limit: u32,

@@ -14,11 +14,12 @@
 //! Why the statements are spelled as they are (index choice, generic
 //! plans) is told in `docs/perf/postgres.md`; the `plans` tests check it.
 
+use crate::db::Db;
 use bytes::Bytes;
 use jiff::Timestamp;
 use mailroom_core::{Event, EventId, Result, StoreError};
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
 use std::time::Duration;
 
 /// Longest duration passed to SQL (200 years): keeps `now() + d` inside
@@ -152,7 +153,7 @@ pub(super) fn events_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Event)>> {
     rows.iter().map(event_from_row).collect()
 }
 
-pub(crate) async fn now(pool: &PgPool) -> Result<Timestamp> {
+pub(crate) async fn now(pool: &Db) -> Result<Timestamp> {
     let us: i64 = sqlx::query_scalar(concat!("SELECT ", us!("clock_timestamp()")))
         .fetch_one(pool)
         .await

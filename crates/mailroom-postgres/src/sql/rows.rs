@@ -2,11 +2,12 @@
 //! with its history, and listing them a page at a time.
 
 use super::{col, count, db, event_from_row, events_from_rows, opt_ts, ts};
+use crate::db::Db;
 use mailroom_core::{
     Attempt, Delivery, Event, EventId, EventSearch, Inserted, KeyCursor, ListFilter, NewEvent,
     Page, Result, Status, StoreError,
 };
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
 use std::collections::{BTreeSet, HashMap};
 
 /// Default and largest page of a listing.
@@ -54,7 +55,7 @@ SELECT id, topic FROM inserted";
 /// ids are read in the same transaction. `ON CONFLICT` waits for a
 /// concurrent transaction inserting the same key to end, so the stored row
 /// is committed and visible to that next statement.
-pub(crate) async fn insert_batch(pool: &PgPool, events: &[&NewEvent]) -> Result<Vec<Inserted>> {
+pub(crate) async fn insert_batch(pool: &Db, events: &[&NewEvent]) -> Result<Vec<Inserted>> {
     const CTX: &str = "inserting events";
     for e in events {
         check_text(e)?;
@@ -222,7 +223,7 @@ fn check_text(e: &NewEvent) -> Result<()> {
 }
 
 /// The attempt history of the event stored as `seq`, oldest first.
-async fn history(pool: &PgPool, seq: i64) -> Result<Vec<Attempt>> {
+async fn history(pool: &Db, seq: i64) -> Result<Vec<Attempt>> {
     const CTX: &str = "reading attempt history";
     let rows = sqlx::query(concat!(
         "SELECT attempt, ",
@@ -252,7 +253,7 @@ async fn history(pool: &PgPool, seq: i64) -> Result<Vec<Attempt>> {
 }
 
 /// One event without its history, with its `seq`.
-pub(super) async fn event_by_id(pool: &PgPool, id: EventId) -> Result<Option<(i64, Event)>> {
+pub(super) async fn event_by_id(pool: &Db, id: EventId) -> Result<Option<(i64, Event)>> {
     let row = sqlx::query(concat!(
         "SELECT ",
         event_cols!(),
@@ -266,7 +267,7 @@ pub(super) async fn event_by_id(pool: &PgPool, id: EventId) -> Result<Option<(i6
 }
 
 /// One event with its history.
-pub(crate) async fn get(pool: &PgPool, id: EventId) -> Result<Option<Event>> {
+pub(crate) async fn get(pool: &Db, id: EventId) -> Result<Option<Event>> {
     match event_by_id(pool, id).await? {
         None => Ok(None),
         Some((seq, mut event)) => {
@@ -306,7 +307,7 @@ pub(super) const LIST_TOPIC: &str = concat!(
 );
 
 /// Events matching `filter`, newest first, a page at a time.
-pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
+pub(crate) async fn list(pool: &Db, filter: &ListFilter) -> Result<Page> {
     const CTX: &str = "listing events";
     if filter.status == Some(Status::Dead) {
         let search = EventSearch {
@@ -346,7 +347,7 @@ pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Page> {
 }
 
 /// The `seq` a listing cursor stands for.
-pub(super) async fn cursor_seq(pool: &PgPool, KeyCursor(after_id): KeyCursor) -> Result<i64> {
+pub(super) async fn cursor_seq(pool: &Db, KeyCursor(after_id): KeyCursor) -> Result<i64> {
     let seq: Option<i64> =
         sqlx::query_scalar("SELECT seq FROM mailroom.events WHERE id = $1::text::uuid")
             .bind(after_id.to_string())

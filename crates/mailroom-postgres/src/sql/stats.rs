@@ -3,21 +3,19 @@
 //! numbers agree with each other.
 
 use super::{col, db, micros, opt_ts};
+use crate::db::Db;
 use mailroom_core::{AttemptWindow, Result, Status, StoreError, Throughput, TopicStats};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 type Tx = Transaction<'static, Postgres>;
 
 /// A read-only transaction on one snapshot, for several statements.
-async fn snapshot(pool: &PgPool, context: &'static str) -> Result<Tx> {
-    let mut tx = pool.begin().await.map_err(db(context))?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .execute(&mut *tx)
+async fn snapshot(pool: &Db, context: &'static str) -> Result<Tx> {
+    pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .await
-        .map_err(db(context))?;
-    Ok(tx)
+        .map_err(db(context))
 }
 
 /// A count or an age from SQL; negative ones (clock oddities) read as 0.
@@ -29,7 +27,7 @@ fn unsigned(n: i64) -> u64 {
 /// window's attempts come from the BRIN index `attempts_finished`
 /// (`docs/perf/postgres.md`); `percentile_disc` is the nearest-rank p95,
 /// as on SQLite.
-pub(crate) async fn attempt_window(pool: &PgPool, window: Duration) -> Result<Vec<AttemptWindow>> {
+pub(crate) async fn attempt_window(pool: &Db, window: Duration) -> Result<Vec<AttemptWindow>> {
     const CTX: &str = "reading recent attempts";
     let mut tx = snapshot(pool, CTX).await?;
     let rows = sqlx::query(
@@ -96,7 +94,7 @@ async fn longest_running(
 const CTX: &str = "computing stats";
 
 /// Per-topic counts by status, oldest pending and blocked keys.
-pub(crate) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
+pub(crate) async fn stats(pool: &Db) -> Result<Vec<TopicStats>> {
     let mut tx = snapshot(pool, CTX).await?;
     let mut by_topic = counts(&mut tx).await?;
     oldest_pending(&mut tx, &mut by_topic).await?;
@@ -212,7 +210,7 @@ const TRAFFIC_KEPT: Duration = Duration::from_secs(2 * 3600);
 /// per-minute counters plus the changes not folded yet (schema migration
 /// 10), from one snapshot; the minute that holds the window's start
 /// counts whole.
-pub(crate) async fn throughput(pool: &PgPool, window: Duration) -> Result<Vec<Throughput>> {
+pub(crate) async fn throughput(pool: &Db, window: Duration) -> Result<Vec<Throughput>> {
     const CTX: &str = "reading throughput";
     let mut tx = snapshot(pool, CTX).await?;
     let rows = sqlx::query(
@@ -249,7 +247,7 @@ pub(crate) async fn throughput(pool: &PgPool, window: Duration) -> Result<Vec<Th
 /// the change rows into the totals, each statement in one go (a change
 /// row is deleted and added once: a concurrent fold skips the rows this one
 /// deleted), and drops minutes older than [`TRAFFIC_KEPT`].
-pub(crate) async fn fold_counters(pool: &PgPool) -> Result<()> {
+pub(crate) async fn fold_counters(pool: &Db) -> Result<()> {
     const CTX: &str = "folding the stats counters";
     sqlx::query(
         "WITH moved AS (DELETE FROM mailroom.count_changes RETURNING topic, status, n)
