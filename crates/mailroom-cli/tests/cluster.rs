@@ -11,8 +11,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use support::{Delivery, Receiver, Serve, rand_below, write_config};
 
-/// Requests sent, duplicates included (the issue asks for 30,000).
+/// Requests sent, duplicates included.
 const REQUESTS: usize = 30_000;
+/// Requests sent through PgBouncer: the same run, shorter (10,000 took
+/// 169 s on a loaded 2-core machine, debug build).
+const POOLED_REQUESTS: usize = 6_000;
 /// Every `DUP_EVERY`-th request of a client repeats one of its earlier events.
 const DUP_EVERY: usize = 10;
 const CLIENTS: usize = 32;
@@ -23,9 +26,14 @@ const INSTANCES: usize = 3;
 const VICTIM: usize = 2;
 const KILLS: usize = 2;
 
-fn config(receiver: &str) -> String {
+/// The instances' config; `direct_url` when their store URL is PgBouncer.
+fn config(receiver: &str, direct_url: Option<&str>) -> String {
+    let store = direct_url.map_or(String::new(), |d| {
+        format!("[store]\ndirect_url = \"{d}\"\n")
+    });
     format!(
         r#"
+{store}
 [[source]]
 name = "load"
 topic = "orders"
@@ -58,6 +66,7 @@ struct Acks {
 /// One client: sends its share of the requests round-robin over the
 /// instances, each event retried (same id, same body) until answered 200.
 async fn client(
+    requests: usize,
     c: usize,
     http: reqwest::Client,
     urls: Arc<RwLock<Vec<String>>>,
@@ -68,7 +77,7 @@ async fn client(
     let mut counters = [0u64; KEYS_PER_CLIENT];
     let mut sent: Vec<(String, String)> = Vec::new(); // (dedup key, body)
     let mut rr = c;
-    for (i, _) in (c..REQUESTS).step_by(CLIENTS).enumerate() {
+    for (i, _) in (c..requests).step_by(CLIENTS).enumerate() {
         let repeat = i % DUP_EVERY == DUP_EVERY - 1 && !sent.is_empty();
         let (id, body) = if repeat {
             sent[rand_below(sent.len() as u64) as usize].clone()
@@ -140,9 +149,9 @@ async fn client(
 }
 
 /// Unique events among the requests (the rest repeat earlier ones).
-fn unique_events() -> usize {
+fn unique_events(requests: usize) -> usize {
     (0..CLIENTS)
-        .map(|c| (c..REQUESTS).step_by(CLIENTS).len())
+        .map(|c| (c..requests).step_by(CLIENTS).len())
         .map(|n| n - n / DUP_EVERY)
         .sum()
 }
@@ -211,11 +220,28 @@ fn check_key_order(key: &str, mut ds: Vec<&Delivery>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_database_survive_kill_9() {
-    let t0 = Instant::now();
     let db_url = mailroom_testkit::fresh_postgres_db().await;
+    cluster(REQUESTS, &db_url, None).await;
+}
+
+/// The same through PgBouncer in transaction mode, each instance's session
+/// work (LISTEN, the sequential topic's claim locks, migrations) on its
+/// `direct_url`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_through_pgbouncer_survive_kill_9() {
+    let direct = mailroom_testkit::fresh_postgres_db().await;
+    let pooler = mailroom_testkit::pgbouncer_url(&direct);
+    cluster(POOLED_REQUESTS, &pooler, Some(&direct)).await;
+}
+
+/// Three instances on `db_url` (and `direct_url`) under `requests`, one
+/// of them killed twice; checks what the module's comment says.
+async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
+    let t0 = Instant::now();
+    let db_url = db_url.to_owned();
     let receiver = Receiver::start(2_000).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config_path = write_config(dir.path(), &config(&receiver.url));
+    let config_path = write_config(dir.path(), &config(&receiver.url, direct_url));
 
     // All three start at once: migrations run under the migration lock.
     let instances: Vec<Serve> = {
@@ -249,6 +275,7 @@ async fn three_instances_on_one_database_survive_kill_9() {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
             tokio::spawn(client(
+                requests,
                 c,
                 http.clone(),
                 urls.clone(),
@@ -261,7 +288,7 @@ async fn three_instances_on_one_database_survive_kill_9() {
 
     // Kill the victim (SIGKILL) at 1/3 and 2/3 of the load; restart it at
     // once on a new port and keep sending to it.
-    let unique = unique_events();
+    let unique = unique_events(requests);
     let mut kills = 0;
     for k in 1..=KILLS {
         let at = unique * k / (KILLS + 1);
@@ -295,7 +322,9 @@ async fn three_instances_on_one_database_survive_kill_9() {
 
     // Drain: every stored event reaches `done` (leases of the killed
     // instance expire after 3 s and are rescued by the maintenance leader).
-    let pool = sqlx::PgPool::connect(&db_url).await.expect("connect");
+    let pool = sqlx::PgPool::connect(direct_url.unwrap_or(&db_url))
+        .await
+        .expect("connect");
     let drain_time = support::wait_all_done(
         &pool,
         Duration::from_secs(120),
@@ -381,7 +410,7 @@ async fn three_instances_on_one_database_survive_kill_9() {
         problems.extend(s.problem_summary());
     }
     eprintln!(
-        "cluster: {REQUESTS} requests to {INSTANCES} instances from {CLIENTS} clients: \
+        "cluster: {requests} requests to {INSTANCES} instances from {CLIENTS} clients: \
          {unique} events + {} duplicates (all answered duplicate=true), {kills} kill -9s; \
          client retries {}; ingest {:.1}s ({:.0} req/s), drain after load {:.1}s, total {:.1}s; \
          deliveries {} of which redeliveries {} (cut short by a kill: {cut_short}); \
@@ -389,7 +418,7 @@ async fn three_instances_on_one_database_survive_kill_9() {
         acks.dup_answers,
         retries.load(Ordering::Relaxed),
         load_time.as_secs_f64(),
-        REQUESTS as f64 / load_time.as_secs_f64(),
+        requests as f64 / load_time.as_secs_f64(),
         drain_time.as_secs_f64(),
         t0.elapsed().as_secs_f64(),
         deliveries.len(),

@@ -138,6 +138,11 @@ pub struct StoreConfig {
     /// a role without rights to change it; `mailroom migrate` applies).
     #[serde(default)]
     pub migrate: MigrateMode,
+    /// PostgreSQL: a direct connection to the database of `url`, when `url`
+    /// is a connection pooler in transaction mode (PgBouncer): LISTEN, the
+    /// sequential topics' session locks and migrations use it.
+    #[serde(default)]
+    pub direct_url: Option<String>,
 }
 
 /// `[store] migrate`.
@@ -166,6 +171,7 @@ impl Default for StoreConfig {
             url: default_store_url(),
             group_commit: true,
             migrate: MigrateMode::Auto,
+            direct_url: None,
         }
     }
 }

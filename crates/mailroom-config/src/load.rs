@@ -448,4 +448,20 @@ mod tests {
         assert_eq!(c.listen, "0.0.0.0:9000");
         assert_eq!(c.store.url, "sqlite:///tmp/x.db");
     }
+
+    /// `[store] direct_url` (a pooler's database, directly) is read with
+    /// `${VAR}`, and absent unless given.
+    #[test]
+    fn store_direct_url_is_read() {
+        let env = |k: &str| (k == "DB_HOST").then(|| "db.internal".to_string());
+        let text = "[store]\nurl = \"postgres://bouncer:6432/m\"\n\
+                    direct_url = \"postgres://${DB_HOST}:5432/m\"\n";
+        let c = Config::from_toml("m", text, &env).unwrap();
+        assert_eq!(
+            c.store.direct_url.as_deref(),
+            Some("postgres://db.internal:5432/m")
+        );
+        let c = Config::from_toml("m", "", &env).unwrap();
+        assert_eq!(c.store.direct_url, None);
+    }
 }

@@ -24,8 +24,11 @@
 //! - `timeouts`: how long every operation waits for the database, the
 //!   pool's bounded health checks, and the server-side session bounds.
 //! - [`PostgresOptions`]: pool size, group commit, queue bounds, from a
-//!   `postgres://` URL; `tls`: libpq's `sslmode`, `sslrootcert`, `sslcert`,
-//!   `sslkey` checked when the URL is read, TLS failures explained.
+//!   `postgres://` URL; `direct`, a direct connection for the session work
+//!   when the URL is a transaction-mode pooler (PgBouncer). `db`: how
+//!   statements go through such a pooler (each in its own transaction).
+//!   `tls`: libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` checked
+//!   when the URL is read, TLS failures explained.
 //!
 //! Durability: connections run with `synchronous_commit = on`, so a method
 //! that returns `Ok` has been flushed to the WAL (SPEC §2.1).

@@ -75,5 +75,5 @@ pub use mailroom_core::{
 pub use mailroom_core::{Migrated, SchemaFit, SchemaVersion};
 pub use mailroom_core::{alert, duration, event, limit, redact};
 pub use maintenance::AlertNotify;
-pub use open::open_store;
+pub use open::{open_store, open_store_with};
 pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

@@ -106,14 +106,18 @@ async fn open(config: &Config) -> Result<Arc<dyn Store>> {
 
 /// Opens the configured store without touching its schema.
 async fn connect(config: &Config) -> Result<Arc<dyn Store>> {
-    mailroom::open_store(&config.store.url, config.store.group_commit)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot open the store {}",
-                mailroom::redact::url(&config.store.url)
-            )
-        })
+    mailroom::open_store_with(
+        &config.store.url,
+        config.store.direct_url.as_deref(),
+        config.store.group_commit,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "cannot open the store {}",
+            mailroom::redact::url(&config.store.url)
+        )
+    })
 }
 
 /// An engine that is never run: every verb but `serve` reaches the store
