@@ -186,7 +186,8 @@ impl PostgresStore {
         let completer = opts
             .group_commit
             .then(|| Completer::start(pool.clone(), opts.max_batch, opts.queue_capacity));
-        let vacuum = QueueVacuum::new(pool.pool().clone(), opts.vacuum_queue_every);
+        // On the direct connection: its role check is a prepared statement.
+        let vacuum = QueueVacuum::new(session.clone(), opts.vacuum_queue_every);
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -577,7 +578,7 @@ impl Store for PostgresStore {
         bounded(
             ADMIN_LIMIT,
             "reading the schema version",
-            crate::schema::version(self.pool_ref()),
+            crate::schema::version(&self.inner.session),
         )
         .await
     }
