@@ -65,7 +65,8 @@ async fn a_webhook_traceparent_reaches_the_http_handler_in_the_same_trace() {
     let config = write_config(
         dir.path(),
         &format!(
-            "[[topic]]\nname = \"payments\"\nretry = {{ max_attempts = 5, base = \"50ms\" }}\n\
+            "[[source]]\nname = \"payments\"\n\n\
+             [[topic]]\nname = \"payments\"\nretry = {{ max_attempts = 5, base = \"50ms\" }}\n\
              handler = {{ http = {{ url = \"{url}\" }} }}\n"
         ),
     );
@@ -226,6 +227,7 @@ async fn spans_reach_an_otlp_collector_in_the_events_trace() {
         dir.path(),
         &format!(
             "[telemetry]\notlp_endpoint = \"{otlp}\"\n\n\
+             [[source]]\nname = \"payments\"\n\n\
              [[topic]]\nname = \"payments\"\nretry = {{ max_attempts = 5, base = \"50ms\" }}\n\
              handler = {{ http = {{ url = \"{url}\" }} }}\n"
         ),
