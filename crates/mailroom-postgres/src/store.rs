@@ -111,7 +111,7 @@ impl PostgresStore {
             crate::tls::log_mode(direct);
         }
         let pooled = opts.direct.is_some();
-        // Durability does not depend on the server's default (SPEC §2.1):
+        // Durability does not depend on the server's default (nothing is acknowledged before a durable commit):
         // a direct connection sets it at startup; through a pooler, which
         // would refuse or drop that startup option, each transaction sets
         // it (`db.rs`), and nothing else at startup needs the pooler's
