@@ -1,6 +1,6 @@
 //! Migrations from a deploy job with an owner role, and `mailroom serve`
 //! under a role that may only use the schema's objects, with
-//! `[store] migrate = "never"` (docs/operations.md, "Migrations and least
+//! `[store] migrate = "never"` (docs/src/guides/operations.md, "Migrations and least
 //! privilege").
 
 mod support;

@@ -1,6 +1,6 @@
 //! Schema versions: where a store's database stands against the migrations
 //! a build carries, and whether that build may run against it
-//! (docs/operations.md, "Migrations and least privilege").
+//! (docs/src/guides/operations.md, "Migrations and least privilege").
 //!
 //! Each backend numbers its migrations 1, 2, ... and records the ones
 //! applied in the database. A build runs against its own version; against

@@ -777,7 +777,7 @@ async fn recorded(conn: &mut PgConnection, build: u32) -> Result<SchemaVersion> 
 /// tables, take its sequences' numbers, call its functions, and the same
 /// for what later migrations create (default privileges of the role that
 /// runs it, the one that migrates). `mailroom migrate --print-grants`
-/// prints it; docs/operations.md, "Migrations and least privilege".
+/// prints it; docs/src/guides/operations.md, "Migrations and least privilege".
 pub fn grants(role: &str) -> String {
     let role = format!("\"{}\"", role.replace('"', "\"\""));
     format!(

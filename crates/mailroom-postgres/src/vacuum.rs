@@ -19,7 +19,7 @@
 //! Only a role that may VACUUM the table (its owner, the database's owner,
 //! a superuser; from PostgreSQL 17 a role with `MAINTAIN` on it) does: a
 //! store running under a role with only the rights to use the schema
-//! (docs/operations.md, "Migrations and least privilege") finds that out
+//! (docs/src/guides/operations.md, "Migrations and least privilege") finds that out
 //! before its first vacuum, says so once in the log, and leaves the queue
 //! to autovacuum, instead of a server warning at every try.
 //!

@@ -1,6 +1,6 @@
 //! `mailroom migrate`: apply pending schema migrations, then exit; or print
 //! the grants a role needs to run mailroom under `[store] migrate = "never"`
-//! (docs/operations.md, "Migrations and least privilege").
+//! (docs/src/guides/operations.md, "Migrations and least privilege").
 
 use super::{connect, load_config};
 use crate::Cli;
