@@ -388,7 +388,7 @@ struct AmqpArgs {
     /// Attempts in flight of the single relay topic. 1024, of the order of
     /// the durable relay floor's 500 x 4 in flight: at 256 the single relay
     /// is bound by its depth (256 publishes awaiting confirms), not by its
-    /// work (crates/mailroom-bench/README.md, issue 13).
+    /// work (docs/src/design/amqp.md).
     #[arg(long, default_value_t = 1024)]
     relay_concurrency: u32,
     /// `max_size` of the batch relay topic (0: skip the batch relay).

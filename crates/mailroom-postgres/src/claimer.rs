@@ -7,7 +7,7 @@
 //! one. So each store gives each sequential topic it claims a *claimer*:
 //! a connection of its own that takes the lock for its session and keeps
 //! it while claims follow each other, each claim one statement in
-//! autocommit. Measured on `heads-floor` (docs/perf/postgres.md): 1.10×
+//! autocommit. Measured on `heads-floor` (docs/src/design/sequential.md): 1.10×
 //! the sequential drain through the store alone, 1.13× through the engine.
 //!
 //! Every claim of the topic, on any instance, still runs while its

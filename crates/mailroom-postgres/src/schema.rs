@@ -192,7 +192,7 @@ const MIGRATIONS: &[&str] = &[
         WHERE status IN ('done', 'dead', 'skipped');
     "#,
     // 7: the work still to do moves to a narrow table of its own, so the
-    // database does far less per drained event (docs/perf/postgres.md,
+    // database does far less per drained event (docs/src/design/postgres.md,
     // "The queue table").
     // - `mailroom.queue` holds one row per open event: pending, running, or
     //   dead with a key (a dead head blocks its key under `on_dead =
@@ -391,12 +391,12 @@ const MIGRATIONS: &[&str] = &[
         SELECT mailroom.enqueue_with_id(mailroom.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8)
     $$;
     "#,
-    // 12: the dashboard's numbers without scans (issue 14: the overview in
+    // 12: the dashboard's numbers without scans (the overview in
     // under 100 ms with 1,000,000 events stored), kept by triggers so they
     // are exact whichever statement changes a status (intake, the outbox
     // function, claims, completions, replay, skip, cancel, expiry, rescue,
-    // retention), and cheap for the drain (docs/perf/postgres.md, "The
-    // dashboard's counters"):
+    // retention), and cheap for the drain (docs/src/design/README.md, "The
+    // dashboard's numbers are kept, not counted"):
     // - Statement-level triggers with transition tables: one trigger call
     //   per statement, and the writer and the completer group many events
     //   into one statement, so a group commit adds one change row per
@@ -547,7 +547,7 @@ const MIGRATIONS: &[&str] = &[
     // now) also records each event as a finished attempt, again from the
     // new rows alone. The trigger's share of the claim and completion
     // statements' time was about 30 % (pg_stat_statements over a `single`
-    // drain; crates/mailroom-bench/README.md, "Counter triggers").
+    // drain; docs/src/design/README.md).
     r#"
     CREATE OR REPLACE FUNCTION mailroom.count_updated() RETURNS trigger
     LANGUAGE plpgsql AS $$
@@ -612,7 +612,7 @@ const MIGRATIONS: &[&str] = &[
     // sequential claims step over one dead entry per finished event of
     // their key instead of two. A running event of the key is found by
     // `queue_running`, which every head test probes anyway
-    // (docs/perf/postgres.md, "Heads").
+    // (docs/src/design/sequential.md).
     r#"
     DROP INDEX mailroom.queue_keys;
     CREATE INDEX queue_keys ON mailroom.queue (topic, key, seq)

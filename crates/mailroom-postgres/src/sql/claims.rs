@@ -99,7 +99,7 @@ macro_rules! unexpired {
 /// Moves the queue rows whose `seq` the selection yields to `running`
 /// ([`claim_rows!`], lease `$1`, worker `$2`). `= ANY(ARRAY(selection))`, not `IN (selection)`, so
 /// the selection runs once and the rows are fetched through the primary
-/// keys, in generic plans too (`docs/perf/postgres.md`).
+/// keys, in generic plans too (`docs/src/design/postgres.md`).
 macro_rules! claim_update {
     ($selection:expr) => {
         claim_rows!(
@@ -204,7 +204,7 @@ macro_rules! claim_heads_in {
 ///
 /// The topic is spelled `= ANY(ARRAY[$3])` and the rows ordered by
 /// `(topic, -priority, seq)` so that only `queue_claim` yields that order,
-/// whatever the statistics say (`docs/perf/postgres.md`).
+/// whatever the statistics say (`docs/src/design/postgres.md`).
 pub(super) const CLAIM_ANY: &str = claim_update!(concat!(
     "WITH due_pending AS (
          SELECT c.seq, c.priority FROM mailroom.queue c
@@ -242,7 +242,7 @@ pub(super) const CLAIM_ANY: &str = claim_update!(concat!(
 /// `(topic, -priority) < ($3, -$7)` it replaced is not one (PostgreSQL 15
 /// ends a walk on a row comparison's first column only): every claim
 /// from a floor walked the topic's whole pending backlog, with the dead
-/// entries of claimed rows (`docs/perf/postgres.md`).
+/// entries of claimed rows (`docs/src/design/postgres.md`).
 ///
 /// Events delivered later (`scheduled` rows) that fell due are left to
 /// the claims of the whole topic ([`CLAIM_ANY`]), which come at least
@@ -329,7 +329,7 @@ macro_rules! contended {
 /// `LIMIT`, so a claim of 256 heads reads and tests about as many rows,
 /// not the whole walk; no `ORDER BY`: the walk is in claim order already,
 /// and a sort or a hash join would test every row of the walk before the
-/// first comes out (`docs/perf/postgres.md`). The rows that passed are
+/// first comes out (`docs/src/design/sequential.md`). The rows that passed are
 /// claimed in the same statement ([`claim_heads_in!`]).
 ///
 /// Returns the claimed events ([`claimed!`]; a single row of NULLs when
@@ -391,7 +391,7 @@ macro_rules! claim_walk {
 ///
 /// Spelled (`= ANY` for the topic, a range `>= key AND <= key` for the
 /// key) so that only `queue_keys (topic, key, seq)` yields the orders
-/// asked for, whatever the statistics say (`docs/perf/postgres.md`).
+/// asked for, whatever the statistics say (`docs/src/design/sequential.md`).
 macro_rules! heads_by_key {
     ($dead:literal, $keys:literal) => {
         concat!(
@@ -818,7 +818,7 @@ pub(super) const NEXT_DUE: &str = concat!(
 /// is that walk's bound), so it never walks the whole backlog; neither
 /// expired (`$3`). A keyless event past the bound cannot be claimed until
 /// the walk reaches it, so it does not count here either
-/// (`docs/perf/postgres.md`). Scheduled rows count by their due time.
+/// (`docs/src/design/sequential.md`). Scheduled rows count by their due time.
 macro_rules! next_due_by_key {
     ($dead:literal) => {
         concat!(

@@ -12,7 +12,8 @@
 //! for claims' leases; `clock_timestamp()` for
 //! [`Store::now`](mailroom_core::Store::now)); Rust only passes durations.
 //! Why the statements are spelled as they are (index choice, generic
-//! plans) is told in `docs/perf/postgres.md`; the `plans` tests check it.
+//! plans) is told in `docs/src/design/postgres.md`
+//! and `docs/src/design/sequential.md`; the `plans` tests check it.
 
 use crate::db::Db;
 use bytes::Bytes;

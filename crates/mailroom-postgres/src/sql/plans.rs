@@ -1,5 +1,5 @@
 //! The query plans of the hot statements, whose spelling
-//! `docs/perf/postgres.md` explains: each test asks PostgreSQL how it would
+//! `docs/src/design/postgres.md` explains: each test asks PostgreSQL how it would
 //! run them on a backlog, under the statistics that once misled it. Claims
 //! walk the narrow `mailroom.queue` alone and reach `mailroom.events` only
 //! through its keys; nothing scans either table.

@@ -294,7 +294,7 @@ const LIST_ALL: &str = concat!(
 /// topic is spelled `= ANY(ARRAY[$1])` and the rows ordered by `(topic,
 /// seq)` so that only that index yields the order, whatever the
 /// statistics say: the primary key walked backwards would step over every
-/// other topic's events (`docs/perf/postgres.md`, "Listing one topic").
+/// other topic's events (`docs/src/design/postgres.md`, "Listing one topic").
 pub(super) const LIST_TOPIC: &str = concat!(
     "SELECT ",
     event_cols!(),

@@ -25,7 +25,7 @@ fn unsigned(n: i64) -> u64 {
 
 /// See [`Store::attempt_window`](mailroom_core::Store::attempt_window): the
 /// window's attempts come from the BRIN index `attempts_finished`
-/// (`docs/perf/postgres.md`); `percentile_disc` is the nearest-rank p95,
+/// (`docs/src/design/postgres.md`); `percentile_disc` is the nearest-rank p95,
 /// as on SQLite.
 pub(crate) async fn attempt_window(pool: &Db, window: Duration) -> Result<Vec<AttemptWindow>> {
     const CTX: &str = "reading recent attempts";

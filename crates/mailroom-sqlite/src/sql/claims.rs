@@ -27,7 +27,7 @@ macro_rules! unexpired {
 /// Independent events of a topic whose claimable events all have priority
 /// 0, oldest first. Claims name their index (`INDEXED BY events_pending`),
 /// so no claim walks the finished events of its topic, statistics or not
-/// (`docs/perf/sqlite.md`).
+/// (`docs/src/design/sqlite.md`).
 const CLAIM_ANY: &str = concat!(
     "UPDATE events
      SET status = 'running', attempts = attempts + 1, lease_until = ?1,

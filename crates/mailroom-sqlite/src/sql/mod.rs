@@ -7,7 +7,7 @@
 //! Write operations run on the writer thread inside its group transaction
 //! (each in its own savepoint); reads run on a pooled read connection.
 //! Why some statements are spelled as they are is told in
-//! `docs/perf/sqlite.md`.
+//! `docs/src/design/sqlite.md`.
 
 use bytes::Bytes;
 use jiff::Timestamp;

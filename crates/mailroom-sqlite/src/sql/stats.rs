@@ -158,7 +158,7 @@ fn blocked_keys(conn: &Connection, topic: &str) -> Result<u64> {
 
 /// See [`Store::attempt_window`](mailroom_core::Store::attempt_window).
 /// The window's attempts come from the index `attempts_finished`
-/// (`docs/perf/sqlite.md`); the p95 is the nearest rank, `ceil(0.95 n)`-th
+/// (`docs/src/design/sqlite.md`); the p95 is the nearest rank, `ceil(0.95 n)`-th
 /// shortest.
 pub(crate) fn attempt_window(conn: &Connection, window: Duration) -> Result<Vec<AttemptWindow>> {
     const CTX: &str = "reading recent attempts";
