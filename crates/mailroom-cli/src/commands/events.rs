@@ -1,7 +1,7 @@
 //! `mailroom events list|show`: read events, newest first, or one with its
 //! attempt history.
 
-use super::{load_config, offline_engine};
+use super::{FilterExt, load_config, offline_engine};
 use crate::table::{clip, render};
 use crate::{Cli, EventsCommand};
 use anyhow::{Context, Result};

@@ -127,12 +127,19 @@ async fn offline_engine(config: &Config) -> Result<Engine> {
     Ok(Topology::from_config(config)?.into_builder(store).build()?)
 }
 
-impl Filter {
+/// What the verbs do with a parsed [`Filter`].
+pub(crate) trait FilterExt {
+    /// No `--topic`, `--status` or `--key`.
+    fn is_empty(&self) -> bool;
+    /// The store's filter, with `default_status` where `--status` is not given.
+    fn to_list_filter(&self, default_status: Option<Status>) -> Result<ListFilter>;
+}
+
+impl FilterExt for Filter {
     fn is_empty(&self) -> bool {
         self.topic.is_none() && self.status.is_none() && self.key.is_none()
     }
 
-    /// The store's filter, with `default_status` where `--status` is not given.
     fn to_list_filter(&self, default_status: Option<Status>) -> Result<ListFilter> {
         let status = self.status.as_deref().map(str::parse::<Status>).transpose();
         Ok(ListFilter {

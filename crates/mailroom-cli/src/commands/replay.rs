@@ -1,7 +1,7 @@
 //! `mailroom replay`: send events back to pending with a fresh attempt
 //! budget, one by id or all matching a filter.
 
-use super::{load_config, offline_engine};
+use super::{FilterExt, load_config, offline_engine};
 use crate::progress::Progress;
 use crate::{Cli, Filter};
 use anyhow::{Result, bail};
