@@ -1,6 +1,6 @@
 //! # mailroom-conformance
 //!
-//! The one test suite every [`Store`] backend must pass (SPEC §11), so
+//! The one test suite every [`Store`] backend must pass, so
 //! SQLite and PostgreSQL keep the same semantics.
 //!
 //! - [`suite!`]: expands to one `#[test]` per conformance test, each running

@@ -1,5 +1,5 @@
 //! Five-field cron schedules (`minute hour day-of-month month day-of-week`),
-//! evaluated in UTC, for batch topics' `schedule` (SPEC §3). Each field takes
+//! evaluated in UTC, for batch topics' `schedule`. Each field takes
 //! `*`, numbers, ranges `a-b`, lists `a,b` and steps `*/n` or `a-b/n`;
 //! day-of-week is 0–7 with 0 and 7 both Sunday. As in Vixie cron, when both
 //! day fields are restricted a day matches if either does.

@@ -99,7 +99,8 @@ pub enum Status {
     /// A pending event an operator withdrew before it ran.
     Cancelled,
     /// A pending event not run because it waited longer than its topic's
-    /// `expire_after` (SPEC §13); `last_error` says so.
+    /// `expire_after`; `last_error` says so. Final, like `done`, and
+    /// replayable.
     Expired,
 }
 
@@ -147,7 +148,8 @@ impl FromStr for Status {
     }
 }
 
-/// When a new event may first be claimed (SPEC §13 `deliver_at`/`delay`).
+/// When a new event may first be claimed: a sender's `deliver_at` (an
+/// instant) or `delay` (a duration from now), else at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Delivery {
     /// As soon as it is stored.
@@ -188,7 +190,7 @@ pub struct NewEvent {
     pub max_attempts: u32,
     /// When it may first be claimed (its first `next_attempt_at`).
     pub delivery: Delivery,
-    /// Claim order within its topic: higher first (SPEC §13; default 0).
+    /// Claim order within its topic: higher first (default 0).
     pub priority: i32,
 }
 

@@ -1,4 +1,4 @@
-//! Scheduling limits of SPEC §13: a topic's `rate` (attempts started per
+//! Scheduling limits: a topic's `rate` (attempts started per
 //! second, minute or hour) and the token budget that enforces it.
 //!
 //! The budget is a token bucket whose capacity is one *grant*: the tokens an

@@ -1,4 +1,6 @@
-//! Processing modes (SPEC §3).
+//! Processing modes: `single` (independent events, up to `concurrency` at
+//! once), `sequential` (strict order per key, many keys in parallel) and
+//! `batch` (events delivered together).
 
 use crate::cron::{Cron, CronError};
 use std::time::Duration;
@@ -62,9 +64,9 @@ pub struct BatchSettings {
 }
 
 impl BatchSettings {
-    /// Default flush size (SPEC §3).
+    /// Default flush size: a batch leaves once this many events wait.
     pub const DEFAULT_MAX_SIZE: u32 = 100;
-    /// Default longest wait of the oldest event before a flush (SPEC §3).
+    /// Default longest wait of the oldest event before a flush.
     pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(1);
 
     /// Checks the flush size, the cron schedule and the `group_by` pointer.

@@ -1,7 +1,7 @@
 //! Retry policy: how long to wait after a failed attempt, and when to give up.
 //!
 //! After the n-th failed attempt the next one is due at
-//! `min(base × factor^(n-1), max_delay)`, ± `jitter` × that delay (SPEC §12),
+//! `min(base × factor^(n-1), max_delay)`, ± `jitter` × that delay,
 //! or at the n-th entry of an explicit schedule (the last entry repeats).
 
 use std::time::Duration;
@@ -34,7 +34,8 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// SPEC §4: 15 attempts, from 2 s doubling up to 1 h, ±20 % jitter.
+    /// The documented defaults: 15 attempts, from 2 s doubling up to 1 h,
+    /// ±20 % jitter.
     fn default() -> Self {
         Self {
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
@@ -49,7 +50,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Default attempts before `dead` (SPEC §4).
+    /// Default attempts before `dead`.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 15;
     /// Default delay after the first failure.
     pub const DEFAULT_BASE: Duration = Duration::from_secs(2);

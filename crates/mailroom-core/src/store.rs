@@ -226,8 +226,8 @@ pub struct Retention {
 }
 
 impl Default for Retention {
-    /// SPEC §9: payloads of done events 7 days, of dead events and rows
-    /// (dedup keys) 30 days.
+    /// The `[retention]` defaults: payloads of done events 7 days, of dead
+    /// events and rows (dedup keys) 30 days.
     fn default() -> Self {
         const DAY: u64 = 86_400;
         Self {
@@ -471,7 +471,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// (its `status`, `limit` and `cursor` are ignored); how many.
     async fn cancel_matching(&self, filter: &ListFilter) -> Result<u64>;
 
-    // Scheduling limits (SPEC §13), called only for topics that set them.
+    // Scheduling limits (`rate`, `max_running`, a handler's 429 pause),
+    // called only for topics that set them.
 
     /// [`claim`](Store::claim) within `req.topic`'s `limits`:
     ///

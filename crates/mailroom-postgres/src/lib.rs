@@ -2,11 +2,12 @@
 //!
 //! mailroom's scale-out backend: the [`Store`](mailroom_core::Store) trait
 //! over one PostgreSQL database that any number of mailroom instances share
-//! (SPEC §11).
+//! (claims with `FOR UPDATE SKIP LOCKED`, idle instances woken by
+//! `LISTEN/NOTIFY`, maintenance on one elected instance).
 //!
 //! - [`PostgresStore`] (`store`): a connection pool and the trait. Every
 //!   time that matters (leases, due times, `received_at`) is computed by
-//!   PostgreSQL's clock; callers pass durations (SPEC §2.3).
+//!   PostgreSQL's clock, never an instance's; callers pass durations.
 //! - `writer`: group commit for inserts. Concurrent inserts queue up and go
 //!   to the database as one multi-row `INSERT ... ON CONFLICT DO NOTHING` in
 //!   one transaction with one commit; callers are answered after it.
@@ -18,7 +19,7 @@
 //!   `mailroom.enqueue(...)`, and [`grants`], the rights a role needs to run
 //!   mailroom on a schema another role owns.
 //! - [`outbox`]: [`outbox::enqueue`], the Rust face of that function, for
-//!   an application's own transaction (SPEC §6).
+//!   an application's own transaction.
 //! - `listen`: `LISTEN mailroom_events`, re-broadcast to
 //!   [`PostgresStore::subscribe`] receivers so idle dispatchers wake up.
 //! - `timeouts`: how long every operation waits for the database, the
@@ -31,7 +32,8 @@
 //!   when the URL is read, TLS failures explained.
 //!
 //! Durability: connections run with `synchronous_commit = on`, so a method
-//! that returns `Ok` has been flushed to the WAL (SPEC §2.1).
+//! that returns `Ok` has been flushed to the WAL: nothing is acknowledged
+//! before it is durable.
 
 mod claimer;
 mod completer;

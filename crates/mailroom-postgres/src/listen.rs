@@ -5,9 +5,9 @@
 //! that has new events — goes to a [`broadcast`] channel that any number of
 //! dispatchers subscribe to. If the connection drops, [`PgListener`]
 //! reconnects and listens again on the next receive; notifications sent
-//! meanwhile are lost, which is why dispatchers keep a polling fallback
-//! (SPEC §11). After a reconnect every subscriber gets [`ANY_TOPIC`], so
-//! nobody sleeps through events that arrived while the connection was down.
+//! meanwhile are lost, which is why dispatchers keep a polling fallback.
+//! After a reconnect every subscriber gets [`ANY_TOPIC`], so nobody sleeps
+//! through events that arrived while the connection was down.
 //! A connection frozen by the network (no error, no data) is found by a
 //! `SELECT 1` after [`PROBE_AFTER`] of quiet, bounded by `PING_LIMIT`; one
 //! that does not answer is dropped and a new one listens.

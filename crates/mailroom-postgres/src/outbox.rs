@@ -1,4 +1,4 @@
-//! The transactional outbox (SPEC §6): write an event in the application's
+//! The transactional outbox: write an event in the application's
 //! own transaction, next to its business write.
 //!
 //! SQL clients call the function directly:
@@ -64,7 +64,7 @@ pub async fn enqueue(
     Ok(EventId::parse_stored(&id)?.0)
 }
 
-/// When and in which order an outbox event runs (SPEC §13): the optional
+/// When and in which order an outbox event runs: the optional
 /// trailing arguments `deliver_at` and `priority` of `mailroom.enqueue`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Scheduling {

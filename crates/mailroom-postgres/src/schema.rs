@@ -1,8 +1,10 @@
 //! The schema, as an ordered list of migrations, and the lock that lets
 //! several instances start at once.
 //!
-//! Operators query these tables (SPEC §12 "PostgreSQL layout"), so columns
-//! are named plainly and times are `timestamptz`.
+//! Operators query these tables (schema `mailroom`; `mailroom.events` keeps
+//! at least `id`, `source`, `topic`, `dedup_key`, `key`, `type`, `status`,
+//! `attempts` and `received_at`), so columns are named plainly and times
+//! are `timestamptz`.
 
 use crate::sql::db;
 use mailroom_core::{Migrated, Result, SchemaVersion, StoreError};
@@ -83,7 +85,7 @@ const MIGRATIONS: &[&str] = &[
             'hex')::uuid
     $$;
 
-    -- The outbox (SPEC §6): call it inside the application's own transaction,
+    -- The outbox: call it inside the application's own transaction,
     -- next to its business write. The event is committed (and the
     -- notification sent) with that transaction, or not at all. A repeated
     -- dedup_key returns the stored event's id and changes nothing; a NULL
@@ -200,8 +202,8 @@ const MIGRATIONS: &[&str] = &[
     //   the row (or sends it back to pending for a retry). `priority` and
     //   `run_at` (the due time) are there for scheduling: claims take the
     //   highest priority first, then arrival order, among due rows.
-    // - `mailroom.events` stays the durable record operators query (SPEC
-    //   §12): every column, `status` included, is kept current. None of its
+    // - `mailroom.events` stays the durable record operators query: every
+    //   column, `status` included, is kept current. None of its
     //   indexes mentions a column a claim or a completion changes, and
     //   `fillfactor` leaves room on each page, so both updates are HOT (no
     //   index entry). Its status-keyed partial indexes go; listings by
@@ -272,8 +274,8 @@ const MIGRATIONS: &[&str] = &[
         WHERE e.source = 'outbox' AND e.dedup_key = COALESCE($6, $1::text);
     $$;
     "#,
-    // 8: the statuses of SPEC §13, `cancelled` (withdrawn by an operator)
-    // and `expired` (older than the topic's expire_after): final like dead.
+    // 8: the statuses `cancelled` (withdrawn by an operator) and
+    // `expired` (older than the topic's expire_after): final like dead.
     r#"
     ALTER TABLE mailroom.events DROP CONSTRAINT events_status_check;
     ALTER TABLE mailroom.events ADD CONSTRAINT events_status_check CHECK
@@ -285,8 +287,8 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE mailroom.events ADD COLUMN traceparent text;
     "#,
-    // 10: scheduling limits of SPEC §13, one row per limited or paused
-    // topic: the rate budget every instance takes grants from (a token
+    // 10: scheduling limits (`rate`, `max_running`), one row per limited
+    // or paused topic: the rate budget every instance takes grants from (a token
     // bucket refilled on the database clock, holding at most one grant) and
     // the pause a handler's 429 + Retry-After asked for.
     r#"
@@ -326,7 +328,8 @@ const MIGRATIONS: &[&str] = &[
     END;
     $$;
     "#,
-    // 11: scheduling (SPEC §13).
+    // 11: scheduling (`deliver_at`, `priority`, `expire_after`,
+    // `max_wait_for_priority`).
     // - `events.priority` is the event's priority as given (shown);
     //   `queue.priority` (migration 7) is what claims order by, raised for
     //   an event that waited `max_wait_for_priority` (the starvation bound).

@@ -7,7 +7,8 @@
 //! `INSERT ... SELECT FROM UNNEST(...) ON CONFLICT (source, dedup_key) DO
 //! NOTHING RETURNING id` in one transaction: one commit — one WAL flush
 //! with `synchronous_commit = on` — for the whole group. Only after the
-//! commit is every caller answered (SPEC §2.1); if it fails, each gets
+//! commit is every caller answered (nothing is acknowledged before it is
+//! durable); if it fails, each gets
 //! [`StoreError::Unavailable`]. The statement, and how it tells duplicates
 //! apart, is [`sql::insert_batch`](crate::sql::insert_batch).
 

@@ -1041,7 +1041,7 @@ async fn sequential_claims_reach_heads_past_a_deep_key() {
     }
 }
 
-/// `mailroom.enqueue`'s optional trailing arguments (SPEC §13): `priority`
+/// `mailroom.enqueue`'s optional trailing arguments: `priority`
 /// orders claims, `deliver_at` holds the event until then; the old
 /// five-argument call still works, and so do named arguments from SQL.
 #[tokio::test]

@@ -1,9 +1,9 @@
 //! Errors: why a request was refused, why a configuration was rejected.
 //!
-//! Messages are safe to log and to show to the sender (SPEC §6 answers a
-//! failed verification with 401 problem+json): they name the scheme, the
-//! header and the reason class, never a secret, a token or the signature
-//! mailroom expected.
+//! Messages are safe to log and to show to the sender (webhook intake
+//! answers a failed verification with 401 problem+json): they name the
+//! scheme, the header and the reason class, never a secret, a token or the
+//! signature mailroom expected.
 
 use http::HeaderName;
 

@@ -1,5 +1,5 @@
 //! Verification of inbound webhook signatures, as mailroom's webhook intake
-//! (`POST /webhooks/{source}`, SPEC §6) needs it.
+//! (`POST /webhooks/{source}`) needs it.
 //!
 //! Everything here is pure computation over the **raw body bytes** and the
 //! request headers: no I/O, no clock (the caller passes "now" in unix

@@ -1,5 +1,5 @@
 //! Provider presets: the scheme a provider signs with, and where its dedup
-//! key and event type live (SPEC §6 `id` and `type` per source).
+//! key and event type live (the defaults of a source's `id` and `type`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -19,7 +19,7 @@ pub enum Field {
     /// in the body parsed as JSON.
     Json(&'static str),
     /// The SHA-256 of the raw body, hex-encoded: always present, so it ends
-    /// a fallback list (SPEC §6's last-resort dedup key).
+    /// a fallback list (the dedup key of last resort).
     BodySha256,
 }
 
@@ -97,7 +97,7 @@ impl Preset {
     /// Where the dedup key lives, as candidates tried in order: the first
     /// one present in the request (header sent, or body is JSON with a
     /// string or number at the pointer) is the key. When none is present
-    /// the request has no dedup key (SPEC §6: 400).
+    /// the request has no dedup key, and intake answers 400.
     pub fn dedup(self) -> &'static [Field] {
         match self {
             Self::Stripe | Self::Asaas => &[Field::Json("/id")],

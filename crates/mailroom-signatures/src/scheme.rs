@@ -1,4 +1,6 @@
-//! The signature conventions mailroom understands (SPEC §6 table).
+//! The signature conventions mailroom understands: per scheme, the headers
+//! read, the content signed and its algorithm (the book's webhook providers
+//! guide, `docs/src/guides/webhooks.md`, lists them for users).
 
 use std::fmt;
 use std::str::FromStr;

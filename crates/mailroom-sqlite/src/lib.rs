@@ -1,7 +1,8 @@
 //! # mailroom-sqlite
 //!
 //! mailroom's embedded default backend: the [`Store`](mailroom_core::Store)
-//! trait over one SQLite file (SPEC §11).
+//! trait over one SQLite file (WAL, `synchronous=FULL`, concurrent writes
+//! grouped into one commit).
 //!
 //! - [`SqliteStore`] (`store`): opens the file (WAL, `synchronous=FULL`,
 //!   `busy_timeout` so the CLI can write to the same file) and implements
@@ -59,11 +60,11 @@ mod writer;
 pub use options::SqliteOptions;
 
 /// The documented outbox INSERT for applications sharing the SQLite file
-/// (SPEC §6): run it inside your own transaction. `:payload` is JSON text (or
+/// (the outbox): run it inside your own transaction. `:payload` is JSON text (or
 /// any bytes; bind a blob for binary); `:key` and `:type` may be NULL.
 /// The event is stored pending with source `outbox`, 15 attempts, and a
 /// random id (mailroom orders events by arrival, not by id). Optional
-/// (SPEC §13; NULL or left unbound means the default): `:deliver_at`, not
+/// (NULL or left unbound means the default): `:deliver_at`, not
 /// claimed before this instant (milliseconds since the Unix epoch; default
 /// now), and `:priority` (integer, higher first; default 0).
 pub const OUTBOX_INSERT: &str = "\

@@ -1,4 +1,4 @@
-//! Scheduling limits (SPEC §13) on SQLite: the rate budgets and topic
+//! Scheduling limits on SQLite: the rate budgets and topic
 //! pauses live in this process's memory (one `serve` per file is the
 //! SQLite deployment; PostgreSQL shares them across instances), with the
 //! arithmetic of [`TokenBucket`]. `max_running` needs no state here: a

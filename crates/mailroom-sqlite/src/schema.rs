@@ -89,8 +89,8 @@ const MIGRATIONS: &[Migration] = &[
     Sql("
     CREATE INDEX attempts_finished ON attempts (finished_at);
     "),
-    // 4: the statuses of SPEC §13, `cancelled` (withdrawn by an operator)
-    // and `expired` (older than the topic's expire_after). Only the CHECK on
+    // 4: the statuses `cancelled` (withdrawn by an operator) and
+    // `expired` (older than the topic's expire_after). Only the CHECK on
     // status changes, and it only widens, so the stored rows stay as they
     // are: SQLite's documented in-place edit of the table's definition
     // (sqlite.org/lang_altertable.html, "otherwise" procedure), not a copy
@@ -102,7 +102,7 @@ const MIGRATIONS: &[Migration] = &[
     Sql("
     ALTER TABLE events ADD COLUMN traceparent TEXT;
     "),
-    // 6: scheduling (SPEC §13): priorities, events delivered later kept out
+    // 6: scheduling: priorities, events delivered later kept out
     // of the claims' way, and the expiry clock.
     // - `priority`: claims take higher first. Most events keep the default
     //   0, so only the others have entries in `events_ranked`; claims of a
@@ -131,8 +131,8 @@ const MIGRATIONS: &[Migration] = &[
     CREATE INDEX events_held_keys ON events (topic, key, seq)
         WHERE held_until IS NOT NULL AND key IS NOT NULL;
     "),
-    // 7: the dashboard's numbers without scans (issue 14: the overview in
-    // under 100 ms with 1,000,000 events stored). Counting statuses read
+    // 7: the dashboard's numbers without scans (the overview
+    // page in under 100 ms with 1,000,000 events stored). Counting statuses read
     // an index entry per stored event and the traffic chart every event of
     // the last half hour; both now read counters that triggers keep in the
     // transaction of every change (the writer's group commit), so they are

@@ -68,7 +68,7 @@ pub(crate) fn open_connection(path: &Path, busy: Duration, read_only: bool) -> R
             )));
         }
     }
-    // FULL: a commit is on disk (WAL fsynced) before anyone is told (SPEC §2.1).
+    // FULL: a commit is on disk (WAL fsynced) before anyone is told.
     conn.execute_batch(
         "PRAGMA synchronous = FULL;
          PRAGMA foreign_keys = OFF;

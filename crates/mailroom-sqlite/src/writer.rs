@@ -4,7 +4,7 @@
 //! first one, drains up to `max_batch − 1` more without waiting, runs them all
 //! inside one `BEGIN IMMEDIATE` transaction (each in its own savepoint, so one
 //! failing job does not undo the others), commits once — one fsync for the
-//! whole group — and only then answers every caller (SPEC §2.1: nothing is
+//! whole group — and only then answers every caller (nothing is
 //! acknowledged before it is durable). If the commit fails, every caller in
 //! the group gets [`StoreError::Unavailable`].
 

