@@ -5,9 +5,10 @@
 //! [`Engine::accept`]).
 //!
 //! - The topic is declared ([`Engine::enqueue`]; a webhook source's topic
-//!   always exists, SPEC §12).
+//!   always exists: a source naming an undeclared topic gets one with
+//!   defaults).
 //! - A keyless event gets the topic's `default_key`; in a `sequential`
-//!   topic (SPEC §3) an event must then have a key, or it is refused.
+//!   topic an event must then have a key, or it is refused.
 //! - The dedup key, key, type, correlation and causation ids and content
 //!   type are 1 to [`MAX_FIELD_LEN`] bytes (bounded everything), without
 //!   control characters (C0 with CR, LF, NUL and ESC, DEL, C1): they travel

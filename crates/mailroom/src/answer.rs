@@ -1,5 +1,6 @@
 //! Typed answers: the JSON that the HTTP API, the CLI's `--json` and batch
-//! deliveries print, each shape built in one place (SPEC §12).
+//! deliveries print, each shape built in one place, so every door shows
+//! the same fields.
 //!
 //! - [`EventObject`]: the event object (API reads, `events show --json`,
 //!   batch arrays, replays and skips); [`ClaimObject`] adds a pull claim's
@@ -25,7 +26,8 @@ use std::time::Duration;
 /// The window [`Rates`] are measured over.
 pub const RATE_WINDOW: Duration = Duration::from_secs(60);
 
-/// The event object of SPEC §12. `payload` is the JSON value when the body
+/// The event object, as every JSON door shows an event (times RFC 3339
+/// UTC). `payload` is the JSON value when the body
 /// is JSON, else null with `payload_base64` set (both null once retention
 /// purged it); `history` appears on single-event reads only.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -44,7 +46,7 @@ pub struct EventObject<'a> {
     /// Event type.
     #[serde(rename = "type")]
     pub event_type: Option<&'a str>,
-    /// Claim order within the topic: higher first (SPEC §13; default 0).
+    /// Claim order within the topic: higher first (default 0).
     pub priority: i32,
     /// Current status.
     pub status: Status,
@@ -210,12 +212,13 @@ pub struct TopicAnswer {
     pub blocked_keys: u64,
     /// Attempts finished lately.
     pub rates: Rates,
-    /// Its scheduling limits and their use (SPEC §13); null without limits
+    /// Its scheduling limits and their use; null without limits
     /// or a pause.
     pub limits: Option<LimitsAnswer>,
 }
 
-/// A topic's scheduling limits (SPEC §13) and their use now.
+/// A topic's scheduling limits (`rate`, `max_running`, a 429 pause) and
+/// their use now.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LimitsAnswer {
@@ -419,8 +422,6 @@ mod tests {
         }
     }
 
-    /// Every SPEC §12 field is present; a JSON payload is inlined, a binary
-    /// one base64-encoded; `history` only on full reads.
     /// `status` and the dashboard show what each limit is and how much of
     /// it is used, leaving out what is not set.
     #[test]
@@ -445,8 +446,10 @@ mod tests {
         assert_eq!(capped.summary(), "max_running 4 (3 running)");
     }
 
+    /// Every field of the event object is present; a JSON payload is
+    /// inlined, a binary one base64-encoded; `history` only on full reads.
     #[test]
-    fn the_event_object_has_the_spec_fields() {
+    fn the_event_object_has_every_documented_field() {
         let e = sample(br#"{"a":1}"#);
         let j = serde_json::to_value(EventObject::summary(&e)).unwrap();
         let mut keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();

@@ -225,7 +225,7 @@ fn topic_runtimes(
 }
 
 /// Each source, validated, by name; a source naming an undeclared topic
-/// gets one with defaults (SPEC §12).
+/// gets one with defaults.
 fn source_map(
     specs: Vec<SourceSpec>,
     topics: &mut HashMap<String, Arc<TopicRuntime>>,

@@ -1,6 +1,7 @@
-//! The name of every metric mailroom records (SPEC §10), so each is spelled
-//! once. Call sites pass these to the `metrics` crate's macros with the
-//! labels the SPEC gives; labels stay bounded (source, topic, status,
+//! The name of every metric mailroom records, so each is spelled once
+//! (`docs/src/reference/metrics.md` lists them for users). Call sites pass
+//! these to the `metrics` crate's macros with the labels documented beside
+//! each; labels stay bounded (source, topic, status,
 //! outcome, alert, reason: never event ids). The binary installs the
 //! exporter (`mailroom_server::prometheus`), which renders every
 //! `_seconds` histogram as a Prometheus histogram (buckets 1 ms to 60 s).
@@ -16,7 +17,7 @@ pub const INGEST_DURATION: &str = "mailroom_ingest_duration_seconds";
 /// ended.
 pub const EVENTS_PROCESSED: &str = "mailroom_events_processed_total";
 /// Counter, label `topic`: pending events that became `expired` (older
-/// than their topic's `expire_after`, SPEC §13).
+/// than their topic's `expire_after`).
 pub const EVENTS_EXPIRED: &str = "mailroom_events_expired_total";
 /// Histogram, label `topic`: how long attempts took.
 pub const PROCESSING_DURATION: &str = "mailroom_processing_duration_seconds";

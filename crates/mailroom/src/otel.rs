@@ -1,4 +1,4 @@
-//! Spans as OpenTelemetry sees them (SPEC §13 Telemetry). mailroom's spans
+//! Spans as OpenTelemetry sees them. mailroom's spans
 //! are `tracing` spans (`intake`, `attempt`, `handler call`); when the
 //! binary installs an OTLP exporter (`[telemetry] otlp_endpoint`), each is
 //! exported, and these helpers tie them to the event's W3C trace:

@@ -72,32 +72,32 @@ pub struct TopicSpec {
     /// Lease length; always longer than `timeout`.
     pub lease: Duration,
     /// At most this many attempts started per second, minute or hour
-    /// (SPEC §13; across instances on PostgreSQL, per process on SQLite).
+    /// (across instances on PostgreSQL, per process on SQLite).
     pub rate: Option<Rate>,
     /// At most this many events running at once, across every instance
-    /// sharing the store (SPEC §13).
+    /// sharing the store.
     pub max_running: Option<u32>,
     /// A pending event older than this is not run: it becomes `expired`
-    /// (SPEC §13 `expire_after`); `None`: never.
+    /// (`expire_after`); `None`: never.
     pub expire_after: Option<Duration>,
     /// The starvation bound of priorities: a due event waits at most about
-    /// this long behind higher-priority ones (SPEC §13).
+    /// this long behind higher-priority ones.
     pub max_wait_for_priority: Duration,
 }
 
 impl TopicSpec {
     /// Default attempts in flight at once.
     pub const DEFAULT_CONCURRENCY: u32 = 16;
-    /// Default bound on one attempt (SPEC §4).
+    /// Default bound on one attempt.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
     /// How much longer than the timeout a lease lasts unless set: the time
     /// an attempt cut at its timeout has to record its outcome.
     pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
-    /// Default `max_wait_for_priority` (SPEC §13): 5 minutes.
+    /// Default `max_wait_for_priority`: 5 minutes.
     pub const DEFAULT_MAX_WAIT_FOR_PRIORITY: Duration = Duration::from_secs(300);
 
-    /// A `single` topic with SPEC defaults: concurrency 16, 15 attempts from
-    /// 2 s, 30 s timeout, 35 s lease.
+    /// A `single` topic with the documented defaults: concurrency 16, 15
+    /// attempts from 2 s, 30 s timeout, 35 s lease.
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -338,10 +338,10 @@ pub struct SourceSpec {
     pub event_type: Option<Field>,
     /// Where the ordering key lives (overrides the topic's).
     pub key: Option<Field>,
-    /// Where an RFC 3339 time before which the event must not run lives
-    /// (SPEC §13); absent in a request means now.
+    /// Where an RFC 3339 time before which the event must not run lives;
+    /// absent in a request means now.
     pub deliver_at: Option<Field>,
-    /// Where the event's priority (an integer; absent means 0) lives (SPEC §13).
+    /// Where the event's priority (an integer; absent means 0) lives.
     pub priority: Option<Field>,
     /// Signature verification, checked before anything else.
     pub verifier: Option<mailroom_signatures::Verifier>,

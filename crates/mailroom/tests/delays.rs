@@ -1,4 +1,4 @@
-//! Delayed delivery (SPEC §13): events enqueued with a delay are stored at
+//! Delayed delivery: events enqueued with a delay are stored at
 //! once and started no earlier than due, and the dispatcher wakes for each
 //! due time by itself (it sleeps until the next due event, not a poll).
 //! How soon after due they start is a benchmark figure, not checked here

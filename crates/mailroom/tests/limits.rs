@@ -1,4 +1,4 @@
-//! Scheduling limits (SPEC §13) held by running engines: `rate` and
+//! Scheduling limits held by running engines: `rate` and
 //! `max_running` across three instances on one PostgreSQL database (three
 //! engines, each with its own store handle, pool and LISTEN connection),
 //! per process on SQLite, for pull claims too; a `429` + `Retry-After`
@@ -122,7 +122,7 @@ fn recording_claims(starts: &Starts, claims: &Arc<Mutex<Vec<i64>>>) -> SharedHan
     })
 }
 
-/// SPEC §13 rate: three instances on one database, `rate = "100/s"`, 3,000
+/// `rate` across instances: three on one database, `rate = "100/s"`, 3,000
 /// events queued before they start: no one-second window holds more than
 /// 100 starts plus one grant (10) by the store's clock (the handlers' clock
 /// allows for the lag from claim to handler), and the whole takes 30 s
@@ -167,7 +167,8 @@ async fn rate_holds_across_three_instances_on_postgres() {
     // tokens are taken in the claim's own transaction, settled at the
     // claim's stamp: grants and claims alternate across instances, so no
     // grant taken before a window claims inside it. The claims' stamps
-    // (the attempts' start on the store's clock) hold the bound.
+    // (the attempts' start on the store's clock) hold the documented bound:
+    // at most the rate plus one grant in any window of its period.
     let bound = 100 + rate.grant() as usize;
     assert!(claimed_most <= bound, "{claimed_most} claims in one second");
     // A handler starts a few round trips and a task switch after its
@@ -204,7 +205,7 @@ fn overlapping(
     })
 }
 
-/// SPEC §13 global concurrency: three instances with 8 slots each and
+/// `max_running` across instances: three with 8 slots each and
 /// `max_running = 4`: never more than 4 attempts overlap, and 4 do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_running_holds_across_three_instances_on_postgres() {
@@ -318,7 +319,7 @@ async fn throttling_receiver(seen: Requests) -> String {
 
 use axum::response::IntoResponse;
 
-/// SPEC §13: an HTTP handler's 429 with `Retry-After` pauses the whole
+/// An HTTP handler's 429 with `Retry-After` pauses the whole
 /// topic, on both instances: events queued after it (through the instance
 /// that did not get the 429) are not delivered by either before the pause
 /// ends, and all are delivered after it.

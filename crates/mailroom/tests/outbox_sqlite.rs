@@ -104,7 +104,7 @@ async fn rollback_leaves_nothing_and_commit_delivers_once() {
 }
 
 /// The SQLite outbox INSERT's optional `:priority` and `:deliver_at`
-/// (milliseconds since the epoch; SPEC §13): claims take the higher
+/// (milliseconds since the epoch): claims take the higher
 /// priority first and hold a later one until it is due; rows written
 /// without them get the defaults.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

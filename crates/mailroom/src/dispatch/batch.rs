@@ -1,4 +1,5 @@
-//! Batch topics (SPEC §3): events are delivered together.
+//! Batch topics: events are delivered together, and a batch succeeds or
+//! fails as a whole unless the handler names the events that failed.
 //!
 //! Size/wait mode: the loop claims greedily up to `max_size` and holds a
 //! partial batch (under its lease, which covers `max_wait`) until it is full

@@ -1,4 +1,4 @@
-//! A topic's scheduling limits (SPEC §13) as its claims meet them: the
+//! A topic's scheduling limits as its claims meet them: the
 //! `rate` budget, `max_running`, and the pause a handler's `429` +
 //! `Retry-After` asks for. The dispatcher and pull workers claim through
 //! [`claim`]; the store keeps the shared state and applies the limits in

@@ -1,5 +1,6 @@
-//! What operators do through the engine (SPEC §7, §8): read events and
-//! numbers, replay, skip, purge. Every write wakes the topic it touched.
+//! What operators do through the engine (the HTTP API, the dashboard and
+//! the CLI alike): read events and numbers, replay, skip, cancel, purge.
+//! Every write wakes the topic it touched.
 
 use super::Engine;
 use mailroom_core::{
@@ -26,7 +27,7 @@ impl Engine {
     }
 
     /// How long `topic` stays paused by a handler's 429 + `Retry-After`
-    /// (SPEC §13), if it is (as the store knows it: on SQLite, only the
+    /// if it is (as the store knows it: on SQLite, only the
     /// process that saw the 429 does).
     pub async fn paused_for(&self, topic: &str) -> Result<Option<Duration>, StoreError> {
         self.inner.store.paused_for(topic).await
@@ -212,7 +213,7 @@ impl Engine {
         Ok(e)
     }
 
-    /// Cancels a pending event (SPEC §13): it becomes `cancelled` and is
+    /// Cancels a pending event: it becomes `cancelled` and is
     /// never run unless replayed. A running one is a conflict.
     pub async fn cancel(&self, id: EventId) -> Result<Event, StoreError> {
         let e = self.inner.store.cancel(id).await?;

@@ -1,4 +1,4 @@
-//! The doors into the store (SPEC §6): [`Engine::enqueue`] for the library,
+//! The doors into the store: [`Engine::enqueue`] for the library,
 //! the API and AMQP sources, [`Engine::ingest_webhook`] for webhooks. Both
 //! pass every event through the one rule set of [`crate::accept`] before
 //! the store sees it; only an [`Accepted`] event is ever stored.
@@ -125,22 +125,21 @@ impl Draft {
         self
     }
 
-    /// Not claimed before `at` (SPEC §13 `deliver_at`); stored and
+    /// Not claimed before `at` (`deliver_at`); stored and
     /// acknowledged at once.
     pub fn deliver_at(mut self, at: jiff::Timestamp) -> Self {
         self.delivery = mailroom_core::Delivery::At(at);
         self
     }
 
-    /// Not claimed before `delay` after it is stored, on the store's clock
-    /// (SPEC §13 `delay`).
+    /// Not claimed before `delay` after it is stored, on the store's clock.
     pub fn delay(mut self, delay: std::time::Duration) -> Self {
         self.delivery = mailroom_core::Delivery::After(delay);
         self
     }
 
-    /// Claim order within the topic: higher runs first (SPEC §13; default
-    /// 0). In a sequential topic per-key order wins over it.
+    /// Claim order within the topic: higher runs first (default 0). In a
+    /// sequential topic per-key order wins over it.
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
         self

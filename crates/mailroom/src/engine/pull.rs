@@ -1,4 +1,4 @@
-//! Pull workers (SPEC §7): processes outside this one claim events of a
+//! Pull workers: processes outside this one claim events of a
 //! topic without a built-in handler and answer each claim with a verdict.
 //! Their claims get the topic's lease and ordering, their verdicts the
 //! topic's retry policy and the processing metrics, exactly as the engine's
@@ -95,7 +95,7 @@ impl Engine {
     }
 
     /// The settings of `topic`, or the defaults a topic nobody declared gets
-    /// (SPEC §12): events of such a topic may sit in a shared store.
+    /// (events of such a topic may sit in a shared store).
     pub(crate) fn spec_or_default(&self, topic: &str) -> Cow<'_, TopicSpec> {
         match self.topic(topic) {
             Some(spec) => Cow::Borrowed(spec),

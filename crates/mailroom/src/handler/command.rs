@@ -1,4 +1,4 @@
-//! The `command` handler (SPEC §5): runs a program per attempt with the
+//! The `command` handler: runs a program per attempt with the
 //! payload on stdin and the envelope in `MAILROOM_*` environment variables.
 //! Exit 0 is success, 65 (`EX_DATAERR`) a permanent failure, anything else a
 //! retry; the tail of stderr becomes the error text.

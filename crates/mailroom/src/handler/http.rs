@@ -1,4 +1,4 @@
-//! The `http` handler (SPEC §5): POSTs the original payload bytes with the
+//! The `http` handler: POSTs the original payload bytes with the
 //! original content type, signed per Standard Webhooks
 //! (<https://www.standardwebhooks.com/>) so receivers verify with any
 //! Standard Webhooks library, plus the `mailroom-*` envelope headers.
@@ -62,7 +62,7 @@ impl std::fmt::Debug for HttpTls {
 }
 
 impl HttpHandlerSettings {
-    /// Statuses that mean "do not retry" unless configured (SPEC §4: 410 Gone).
+    /// Statuses that mean "do not retry" unless configured: 410 Gone.
     pub const DEFAULT_PERMANENT_STATUSES: &[u16] = &[410];
 }
 
@@ -241,7 +241,8 @@ impl HttpHandler {
             if self.settings.permanent_statuses.contains(&status.as_u16()) {
                 Outcome::Permanent { error }
             } else if let (StatusCode::TOO_MANY_REQUESTS, Some(after)) = (status, retry_after) {
-                // The receiver speaks for the topic, not this event (SPEC §13).
+                // The receiver speaks for the topic, not this event: the
+                // whole topic pauses.
                 Outcome::Throttled {
                     error,
                     after: after.min(MAX_PAUSE),
@@ -303,7 +304,7 @@ impl Handler for HttpHandler {
         }
     }
 
-    /// Batch topics (SPEC §5): POST a JSON array of event objects. A 2xx
+    /// Batch topics: POST a JSON array of event objects. A 2xx
     /// answer `{"failed": ["<event id>", ...]}` fails only those events.
     async fn handle_batch(&self, events: &[Event]) -> BatchOutcome {
         let array: Vec<_> = events

@@ -70,7 +70,7 @@ pub type SharedHandler = Arc<dyn Handler>;
 /// came without one. With span export on ([`crate::otel`]) it is the
 /// exported `handler call` span itself, so the handler's spans nest under
 /// it. Sent as the HTTP header and the AMQP header `traceparent`, and the
-/// command's `TRACEPARENT` variable (SPEC §13).
+/// command's `TRACEPARENT` variable.
 pub fn outgoing_traceparent(event: &Event) -> Option<String> {
     if let Some(own) = crate::otel::traceparent_of(&tracing::Span::current()) {
         return Some(own);

@@ -1,6 +1,6 @@
 //! Intake: turning a webhook request into a [`NewEvent`], before the store.
 //!
-//! Order matters and is pinned by SPEC §12: **verification comes first** (a
+//! Order matters, and users rely on it: **verification comes first** (a
 //! request that fails it learns nothing, not even whether its dedup key is
 //! known), then the dedup key, type and ordering key are read from headers or
 //! the JSON body. Then the event meets its topic's rules
@@ -132,7 +132,7 @@ pub fn build_event(
     })
 }
 
-/// SPEC §6 default chain: `webhook-id`, then `Idempotency-Key`, then the
+/// The default chain: `webhook-id`, then `Idempotency-Key`, then the
 /// body's `/id`, else a SHA-256 of the body (so byte-identical resends dedup).
 fn default_dedup_key(headers: &HeaderMap, json: &mut LazyJson<'_>) -> Result<String, IntakeError> {
     for name in ["webhook-id", "svix-id", "idempotency-key"] {

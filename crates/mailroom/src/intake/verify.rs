@@ -1,13 +1,13 @@
 //! Signature verification of webhook sources, delegated to
-//! `mailroom-signatures` (every scheme of SPEC §6, constant-time, several
+//! `mailroom-signatures` (every documented scheme, constant-time, several
 //! secrets for rotation).
 
 use super::IntakeError;
 use crate::topology::SourceSpec;
 use http::HeaderMap;
 
-/// Verification comes first (SPEC §12): a request that fails gets 401 and
-/// learns nothing about stored events.
+/// Verification comes first: a request that fails gets 401 and learns
+/// nothing about stored events, not even whether its dedup key is known.
 pub(crate) fn check(
     source: &SourceSpec,
     headers: &HeaderMap,

@@ -1,4 +1,4 @@
-//! Expiry (SPEC §13 `expire_after`): the pending events of a topic that
+//! Expiry (`expire_after`): the pending events of a topic that
 //! waited longer than its `expire_after` become `expired`, every
 //! maintenance period. Claims never take them meanwhile (the claim
 //! request carries the bound), so the sweep only records what claims

@@ -1,4 +1,4 @@
-//! Alert notifications (SPEC §13, `[alerts] notify = { http = {...} }`):
+//! Alert notifications (`[alerts] notify = { http = {...} }`):
 //! each time an alert starts firing or resolves, the elected maintenance
 //! instance POSTs `{"alert", "topic", "state", "value", "threshold", "at"}`
 //! signed with Standard Webhooks headers (<https://www.standardwebhooks.com/>),
