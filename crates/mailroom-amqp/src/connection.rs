@@ -1,4 +1,4 @@
-//! Connections that heal (SPEC §6, issue 13 §4): one supervisor loop per
+//! Connections that heal: one supervisor loop per
 //! broker URL connects, declares the topology, attaches the handlers'
 //! channels and starts the sources' consumers; when the connection is lost
 //! it does all of that again after a capped, jittered, growing delay.

@@ -1,6 +1,6 @@
 //! # mailroom-amqp
 //!
-//! mailroom's RabbitMQ side (AMQP 0-9-1, on `lapin`), SPEC §5, §6, §9:
+//! mailroom's RabbitMQ side (AMQP 0-9-1, on `lapin`):
 //!
 //! * **topology**: exchanges, queues (TTL, max length, dead-letter
 //!   exchange and queue) and bindings declared from configuration, at start

@@ -1,4 +1,4 @@
-//! The AMQP handler (SPEC §5, §13): publishes a topic's events to an
+//! The AMQP handler: publishes a topic's events to an
 //! exchange, which makes a topic the outbox relay.
 //!
 //! Every publish is persistent and `mandatory` on a channel in publisher
@@ -326,8 +326,10 @@ fn routing_key(template: &str, event: &Event) -> Result<String, String> {
     Ok(out)
 }
 
-/// SPEC §13's envelope. `data` is the payload's JSON value; a payload that is
-/// not JSON travels as `dataBase64` with `data` null.
+/// The envelope of `envelope = true`: `{"eventId", "eventType", "version",
+/// "occurredAt", "correlationId", "causationId", "data"}`. `data` is the
+/// payload's JSON value; a payload that is not JSON travels as `dataBase64`
+/// with `data` null.
 fn envelope(event: &Event) -> Vec<u8> {
     let payload = event.payload.as_deref().unwrap_or_default();
     let (data, data_base64) = match serde_json::from_slice::<Value>(payload) {

@@ -1,4 +1,4 @@
-//! The AMQP source (SPEC §6): consumes a queue with `basic.qos(prefetch)`
+//! The AMQP source: consumes a queue with `basic.qos(prefetch)`
 //! and manual acknowledgements, stores each delivery through the engine,
 //! and acknowledges it **only after its event has committed**.
 //!
@@ -29,9 +29,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Header carrying the causation id (SPEC §13), read and written by mailroom.
+/// Header carrying the causation id, read and written by mailroom.
 pub const CAUSATION_HEADER: &str = "mailroom-causation-id";
-/// Header carrying the W3C `traceparent` (SPEC §13), read with a message
+/// Header carrying the W3C `traceparent`, read with a message
 /// and written (as a child) on every publish.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 

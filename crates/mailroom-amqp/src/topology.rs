@@ -1,4 +1,4 @@
-//! Topology (SPEC §9 `[amqp]`): exchanges, queues and bindings declared
+//! Topology (`[amqp]`): exchanges, queues and bindings declared
 //! from configuration, at start and after every reconnect.
 //!
 //! Declares are idempotent in AMQP 0-9-1: declaring what already exists with

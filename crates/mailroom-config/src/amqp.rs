@@ -1,4 +1,4 @@
-//! The RabbitMQ side of a configuration (SPEC §5, §6, §9): `[amqp]` turned
+//! The RabbitMQ side of a configuration: `[amqp]` turned
 //! into a [`mailroom_amqp::Topology`], `[[source]] amqp = {...}` into
 //! [`AmqpSourceSpec`]s and `handler = { amqp = {...} }` into
 //! [`AmqpHandler`]s, grouped by broker URL in an [`AmqpPlan`].
@@ -345,7 +345,10 @@ mod tests {
         topology(toml).map(|_| ()).unwrap_err()
     }
 
-    const SPEC_EXAMPLE: &str = r#"
+    /// The RabbitMQ part of the documented example configuration: a queue
+    /// consumed as a source, an outbox topic publishing to an exchange, and
+    /// the topology that binds them.
+    const EXAMPLE: &str = r#"
 [[source]]
 name = "simulacoes"
 topic = "simulacoes"
@@ -367,10 +370,11 @@ ttl = "7d"
 dead_letter = true
 "#;
 
-    /// SPEC §9's example parses into one topology, one source and one handler, all on one broker.
+    /// The documented example parses into one topology, one source and one
+    /// handler, all on one broker.
     #[test]
-    fn the_spec_example_becomes_a_plan_on_one_connection() {
-        let t = topology(SPEC_EXAMPLE).unwrap();
+    fn the_documented_example_becomes_a_plan_on_one_connection() {
+        let t = topology(EXAMPLE).unwrap();
         let plan = &t.amqp;
         assert_eq!(plan.urls(), vec!["amqp://127.0.0.1:5672/%2f"]);
         let ex = &plan.topology.exchanges[0];

@@ -1,4 +1,4 @@
-//! The serde types of `mailroom.toml` (SPEC §9): one struct per table, unknown
+//! The serde types of `mailroom.toml`: one struct per table, unknown
 //! keys refused, defaults pointing at the runtime's own (`Default` impls and
 //! consts of the spec types), so a default has one home.
 
@@ -238,7 +238,7 @@ pub struct AlertHttpConfig {
     pub timeout: Option<Duration>,
 }
 
-/// `[telemetry]` (SPEC §13): spans of intake, attempts and handler calls,
+/// `[telemetry]`: spans of intake, attempts and handler calls,
 /// exported over OTLP/HTTP (protobuf) when `otlp_endpoint` is set.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -1,6 +1,7 @@
 //! # mailroom-config
 //!
-//! `mailroom.toml`, the file format of SPEC §9, kept outside the runtime:
+//! `mailroom.toml`, the configuration file format (every key in
+//! `docs/src/reference/configuration.md`), kept outside the runtime:
 //!
 //! 1. [`file`]: the serde types, one per table, unknown keys refused;
 //! 2. [`Config::load`]: documented defaults → the file → `MAILROOM_*`

@@ -364,7 +364,7 @@ mod tests {
 
     /// The annotated example file shipped beside the README parses as it stands.
     #[test]
-    fn the_spec_example_parses() {
+    fn the_example_file_parses() {
         let env = |k: &str| Some(format!("<{k}>"));
         let text = include_str!("../../../mailroom.example.toml");
         let c = Config::from_toml("mailroom.example.toml", text, &env);

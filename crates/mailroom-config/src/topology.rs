@@ -360,7 +360,7 @@ mod tests {
         );
     }
 
-    /// SPEC §13 limits: `rate` and `max_running` are read into the spec, and
+    /// Scheduling limits: `rate` and `max_running` are read into the spec, and
     /// a malformed rate, a `max_running` of 0 or a limit on a batch topic is
     /// refused at its key.
     #[test]

@@ -1,4 +1,4 @@
-//! `/v1`: read and operate on stored events (SPEC §7).
+//! `/v1`: read and operate on stored events.
 
 use crate::AppState;
 use crate::problem::Problem;

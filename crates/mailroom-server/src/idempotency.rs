@@ -1,4 +1,4 @@
-//! `POST /v1/events` (SPEC §6 "API", §12), with the semantics of the IETF
+//! `POST /v1/events`, with the semantics of the IETF
 //! draft "The Idempotency-Key HTTP Header Field"
 //! (draft-ietf-httpapi-idempotency-key-header):
 //!
@@ -154,7 +154,7 @@ fn scope(s: &AppState, headers: &HeaderMap) -> String {
     format!("api:{}", &digest[..16])
 }
 
-/// The event object as it was committed (SPEC §12): both the first answer
+/// The event object as it was committed: both the first answer
 /// and every replay are built by this one function from the stored row, so
 /// a replay answers exactly the original status and body even after the
 /// event was processed.

@@ -1,5 +1,6 @@
 //! Load shedding, so a server facing the internet keeps answering and never
-//! grows without bound (SPEC §2.5 "Bounded everything"):
+//! grows without bound (bodies, buffers and concurrency are bounded, and bad
+//! input gets a clear error):
 //!
 //! - per connection (in [`serve_with`](crate::serve_with)): a header read
 //!   timeout, a cap on header count and size, a cap on open connections,

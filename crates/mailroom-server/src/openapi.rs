@@ -1,4 +1,4 @@
-//! `GET /openapi.json` (SPEC §7): the API described, OpenAPI 3.1.
+//! `GET /openapi.json`: the API described, OpenAPI 3.1.
 //!
 //! The document is built from the same `#[utoipa::path]` attributes that
 //! route the requests (utoipa-axum's `routes!` takes each handler's path and

@@ -1,6 +1,6 @@
 //! The one Prometheus recorder setup, shared by `mailroom serve` and the
 //! bench's serve child so they cannot drift: every duration metric (name
-//! ending in `_seconds`, SPEC §10) is a histogram with [`DURATION_BUCKETS`],
+//! ending in `_seconds`) is a histogram with [`DURATION_BUCKETS`],
 //! which Prometheus can aggregate across instances (a summary cannot).
 
 use crate::MetricsRenderer;

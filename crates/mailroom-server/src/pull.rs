@@ -1,4 +1,4 @@
-//! Pull workers (SPEC §7): external workers in any language claim events of
+//! Pull workers: external workers in any language claim events of
 //! a topic without a built-in handler, then `ack`, `nack` or `extend` with
 //! the claim's fencing token. A stale token (the lease expired and the event
 //! was rescued or handed to someone else) is refused with 409.

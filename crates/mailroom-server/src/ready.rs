@@ -1,4 +1,4 @@
-//! `GET /readyz` (SPEC §7): ready when the store answers and every
+//! `GET /readyz`: ready when the store answers and every
 //! dependency the host registered (the binary registers each AMQP
 //! connection) is up. The body says which part is not, so an operator (or a
 //! probe's log) sees why without reading mailroom's logs.

@@ -1,5 +1,5 @@
-//! Rejected requests are logged without flooding (SPEC §2.5 "Bounded
-//! everything" applies to logs too): each class of rejection gets at most
+//! Rejected requests are logged without flooding (logs are bounded like
+//! everything else): each class of rejection gets at most
 //! one WARN line per window, and that line says how many were rejected
 //! since the previous one. A flood of bad signatures or slow clients costs a
 //! handful of lines, yet an operator still sees that it happens and how big

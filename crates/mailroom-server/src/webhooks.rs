@@ -1,4 +1,4 @@
-//! `POST /webhooks/{source}` (SPEC §6): the source's rate limit is checked,
+//! `POST /webhooks/{source}`: the source's rate limit is checked,
 //! the body is read up to the source's `max_body` within the body deadline,
 //! verified, deduplicated and committed; only then is the sender answered
 //! `200 {"id", "duplicate"}`.

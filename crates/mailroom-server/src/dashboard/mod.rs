@@ -1,4 +1,4 @@
-//! The dashboard (SPEC §7 `GET /`): HTML rendered here from askama
+//! The dashboard (`GET /`): HTML rendered here from askama
 //! templates compiled into the binary (`templates/dashboard/`), one small
 //! stylesheet and one small script served from memory; nothing is fetched
 //! from elsewhere, at build or at run time.
@@ -28,7 +28,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 
-/// The dashboard in `/openapi.json`: its entry page, `GET /` (SPEC §7).
+/// The dashboard in `/openapi.json`: its entry page, `GET /`.
 /// The pages under `/ui/` are the dashboard's own links, not API.
 #[derive(utoipa::OpenApi)]
 #[openapi(paths(pages::overview))]

@@ -162,7 +162,7 @@ struct TopicPage {
     next: Option<String>,
     blocking: bool,
     blocked: Vec<BlockedKey>,
-    /// Its scheduling limits and their use, in one line (SPEC §13).
+    /// Its scheduling limits and their use, in one line.
     limits: Option<String>,
 }
 
@@ -401,7 +401,7 @@ fn attempt_row(a: &mailroom::Attempt) -> AttemptRow {
     }
 }
 
-/// The envelope's fields, in the order of the SPEC §12 event object.
+/// The envelope's fields, in the order of the event object's.
 fn envelope(e: &Event) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".to_owned());
     vec![

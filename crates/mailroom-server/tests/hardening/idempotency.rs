@@ -1,5 +1,6 @@
-//! `POST /v1/events` with `Idempotency-Key` (SPEC §6 API, §12; IETF
-//! draft-ietf-httpapi-idempotency-key-header).
+//! `POST /v1/events` with `Idempotency-Key` (IETF
+//! draft-ietf-httpapi-idempotency-key-header): a repeat with the same body
+//! gets the stored answer, a different body 422, a repeat in flight 409.
 
 use crate::support::{Gate, Server, problem, start};
 use mailroom::TopicSpec;

@@ -1,4 +1,4 @@
-//! Integration tests of issue 2, "mailroom on SQLite, end to end": each test
+//! Integration tests of mailroom on SQLite, end to end: each test
 //! starts the real server on `127.0.0.1:0` over a fresh SQLite file and talks
 //! to it over HTTP, as a webhook sender, an operator and a receiver would.
 

@@ -1,4 +1,4 @@
-//! `GET /openapi.json` (SPEC §7): every route the router serves is in the
+//! `GET /openapi.json`: every route the router serves is in the
 //! document, with the same methods, and the document is valid OpenAPI 3.1
 //! by the reference validator (`openapi-spec-validator`, which
 //! `scripts/test.sh` installs into a cached venv).
