@@ -3,7 +3,7 @@
 # alternating rounds of graphile.sh (graphile-worker 0.18, fast settings)
 # and `mailroom-bench drain --modes single` (graphile first in odd rounds,
 # mailroom first in even ones), the same number of no-op jobs/events each,
-# then every round's rates, mailroom / graphile and its median (issue 15's
+# then every round's rates, mailroom / graphile and its median (the
 # target: >= 2x), and each side's database work per 1,000 events.
 #
 # usage: vs-graphile.sh [ROUNDS] [drain options...]

@@ -1,4 +1,4 @@
-//! `dashboard`: the dashboard's pages on a big store (issue 14: the
+//! `dashboard`: the dashboard's pages on a big store (the target: the
 //! overview and a topic page under 100 ms with 1,000,000 events), and what
 //! a browser-like poller of the overview (once a second) costs intake.
 //!

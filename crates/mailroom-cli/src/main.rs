@@ -1,4 +1,4 @@
-//! The `mailroom` binary (SPEC §8). `serve` runs intake, dispatcher and API;
+//! The `mailroom` binary. `serve` runs intake, dispatcher and API;
 //! the other verbs work on the same store through the same configuration.
 
 /// `println!` that ends the process quietly when stdout is closed (e.g.

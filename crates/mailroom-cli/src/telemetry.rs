@@ -1,4 +1,4 @@
-//! `[telemetry]` (SPEC §13): OTLP/HTTP export of mailroom's spans
+//! `[telemetry]`: OTLP/HTTP export of mailroom's spans
 //! (`intake`, `attempt`, `handler call`, and the HTTP server's requests),
 //! off unless `otlp_endpoint` is set. Spans leave in batches from the SDK's
 //! own thread; the HTTP requests run on the process's tokio runtime with

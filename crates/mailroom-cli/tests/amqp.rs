@@ -1,5 +1,5 @@
-//! The binary against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL` (issue
-//! 13): `mailroom amqp declare`, `serve` refusing a conflicting queue,
+//! The binary against the real RabbitMQ of `MAILROOM_TEST_AMQP_URL`:
+//! `mailroom amqp declare`, `serve` refusing a conflicting queue,
 //! consuming with dedup and dead-lettering, surviving a `kill -9` while
 //! consuming, the outbox relay, and `/readyz`. Every test uses its own
 //! exchange and queue names, and a fresh PostgreSQL database as its store.

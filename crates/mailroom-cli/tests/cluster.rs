@@ -1,5 +1,5 @@
-//! Several `mailroom serve` processes on one PostgreSQL database (SPEC §11),
-//! one of them `kill -9`ed twice under load: the guarantees of SPEC §2 hold
+//! Several `mailroom serve` processes on one PostgreSQL database, one of
+//! them `kill -9`ed twice under load: the guarantees hold
 //! across instances — exactly one stored event per dedup key, at-least-once
 //! delivery, one delivery of an event at a time, per-key order.
 

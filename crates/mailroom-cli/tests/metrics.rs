@@ -1,5 +1,5 @@
-//! `/metrics` of the real binary, as SPEC §10 names it: every metric the
-//! SPEC lists appears after traffic that makes it, with its exact name,
+//! `/metrics` of the real binary: every documented metric appears after
+//! traffic that makes it, with its exact name,
 //! `# TYPE` (counter, gauge, histogram) and label set; durations are
 //! histograms with buckets from 1 ms to 60 s. AMQP publishing uses the
 //! broker of `MAILROOM_TEST_AMQP_URL`; the store is SQLite.
@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use support::{Receiver, Serve, write_config};
 
-/// SPEC §10: name, `# TYPE`, label names (a histogram's buckets add `le`).
-const SPEC: [(&str, &str, &[&str]); 9] = [
+/// The documented metrics: name, `# TYPE`, label names (a histogram's
+/// buckets add `le`).
+const DOCUMENTED: [(&str, &str, &[&str]); 9] = [
     (
         "mailroom_events_received_total",
         "counter",
@@ -123,7 +124,7 @@ fn complete(s: &Scrape) -> bool {
         && s.has("mailroom_published_total", &[("topic", "outbox")])
         && s.has("mailroom_amqp_connected", &[])
         && s.has("mailroom_dead_letter_depth", &[("topic", "failing")])
-        && SPEC.iter().all(|(name, kind, _)| {
+        && DOCUMENTED.iter().all(|(name, kind, _)| {
             let sample = if *kind == "histogram" {
                 format!("{name}_count")
             } else {
@@ -224,10 +225,10 @@ async fn scrape(base: &str) -> (String, Scrape) {
     (text, parsed)
 }
 
-/// Every SPEC §10 metric: exact name, type and label set; histograms carry
+/// Every documented metric: exact name, type and label set; histograms carry
 /// buckets 0.001 .. 60 and `+Inf`, `_sum` and `_count`.
-fn check_spec(text: &str, s: &Scrape) {
-    for (name, kind, labels) in SPEC {
+fn check_documented(text: &str, s: &Scrape) {
+    for (name, kind, labels) in DOCUMENTED {
         assert_eq!(
             s.types.get(name).map(String::as_str),
             Some(kind),
@@ -264,7 +265,7 @@ fn check_spec(text: &str, s: &Scrape) {
             }
         }
     }
-    // Beyond SPEC §10, kept: the AMQP connection's state.
+    // The AMQP connection's state, a gauge per connection.
     assert_eq!(
         s.types.get("mailroom_amqp_connected").map(String::as_str),
         Some("gauge")
@@ -315,7 +316,7 @@ fn check_alert_rules(text: &str, s: &Scrape) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_are_named_typed_and_labelled_as_spec_section_10() {
+async fn metrics_are_named_typed_and_labelled_as_documented() {
     let dir = tempfile::tempdir().expect("tempdir");
     let receiver = Receiver::start(0).await;
     let exchange = format!("metrics-{:08x}.events", support::rand_below(1 << 32));
@@ -335,7 +336,7 @@ async fn metrics_are_named_typed_and_labelled_as_spec_section_10() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     assert!(complete(&scraped), "not every metric appeared:\n{text}");
-    check_spec(&text, &scraped);
+    check_documented(&text, &scraped);
     check_alert_rules(&text, &scraped);
 
     drop(serve);

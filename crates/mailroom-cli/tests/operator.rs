@@ -84,7 +84,7 @@ async fn replay_refuses_a_purged_event_and_says_why() {
 }
 
 /// `status --json`, `events list --json` and `events show --json` print the
-/// API's typed answers (SPEC §7, §12): every declared topic with its mode,
+/// API's typed answers: every declared topic with its mode,
 /// handler kind, all five counts, oldest pending age and blocked keys; a
 /// list page with `next_cursor`; an event object with its history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

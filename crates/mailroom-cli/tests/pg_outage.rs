@@ -2,7 +2,7 @@
 //! load (`pg_ctl restart -m immediate`) and then stays down for a while.
 //! The database is a private cluster this test owns, never the shared one.
 //!
-//! SPEC §2.1: "If the store fails, the answer is 503, never 200" — and the
+//! If the store fails, the answer is 503, never 200 — and the
 //! process must ride the outage out and serve again afterwards.
 
 mod support;

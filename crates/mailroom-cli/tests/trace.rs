@@ -1,4 +1,4 @@
-//! W3C trace propagation through the real binary (SPEC §13): a
+//! W3C trace propagation through the real binary: a
 //! `traceparent` received with an event is stored, shown in the event
 //! object, and sent on with every handler call as a child of the same trace.
 

@@ -1,4 +1,4 @@
-//! The RabbitMQ side of the binary: `mailroom amqp declare` (SPEC §8), and
+//! The RabbitMQ side of the binary: `mailroom amqp declare`, and
 //! what `serve` does with a configuration's [`AmqpPlan`]: declare `[amqp]`
 //! before anything starts (a conflicting queue stops it), then run one
 //! supervised connection per broker with its sources and handlers.
@@ -33,7 +33,7 @@ async fn declare(cli: &Cli, json: bool) -> Result<()> {
     let plan = Topology::from_config(&config)?.amqp;
     let Some(url) = plan.url.as_deref() else {
         bail!(
-            "{}: no [amqp] url: nothing to declare (see SPEC §9 for the [amqp] table)",
+            "{}: no [amqp] url: nothing to declare (the [amqp] table names the broker and its exchanges and queues)",
             config.origin
         );
     };

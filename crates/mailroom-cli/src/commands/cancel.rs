@@ -1,4 +1,4 @@
-//! `mailroom cancel`: withdraw pending events (SPEC §13), one by id or every
+//! `mailroom cancel`: withdraw pending events, one by id or every
 //! pending one matching `--topic`/`--key`, after showing how many match.
 
 use super::{load_config, offline_engine};
