@@ -102,12 +102,14 @@ mr_ensure_packages() {
   # language: Python's pika (apt's, so the system interpreter's, whatever
   # `python3` is first on PATH).
   /usr/bin/python3 -c 'import pika' >/dev/null 2>&1 || missing+=(python3-pika)
+  # The outbox example (examples/outbox-python) runs on psycopg 3.
+  /usr/bin/python3 -c 'import psycopg' >/dev/null 2>&1 || missing+=(python3-psycopg)
   # Tests run mailroom through a transaction-mode pooler too.
   command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
   if ((${#missing[@]})); then
     mr_apt_install "${missing[@]}"
   else
-    mr_log "packages present: postgresql-15, rabbitmq-server, python3-pika, pgbouncer"
+    mr_log "packages present: postgresql-15, rabbitmq-server, python3-pika, python3-psycopg, pgbouncer"
   fi
   [[ -x "$MR_PG_BIN/initdb" ]] || mr_die "initdb not found in $MR_PG_BIN after install"
   [[ -x "$MR_RABBIT_BIN/rabbitmq-server" ]] || mr_die "rabbitmq-server not found in $MR_RABBIT_BIN after install"

@@ -185,3 +185,76 @@ notify = { http = { url = "http://ops:NOTIFYPW@127.0.0.1:1/alerts?key=NOTIFYQS" 
         assert!(!err.contains(secret), "{secret} in:\n{err}");
     }
 }
+
+/// `mailroom <args>` with the store at `url` and no configuration file,
+/// from an empty directory; its standard output, or a panic with stderr.
+fn mailroom_on(url: &str, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_mailroom"))
+        .current_dir(dir.path())
+        .args(args)
+        .env_remove("MAILROOM_CONFIG")
+        .env("MAILROOM_STORE_URL", url)
+        .output()
+        .expect("run mailroom");
+    assert!(
+        out.status.success(),
+        "mailroom {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// `examples/outbox-python/outbox.py`, as the outbox guide runs it: after
+/// `mailroom migrate`, the program debits an account and enqueues its event
+/// in one transaction (both are there), and a rolled-back transaction
+/// leaves no event.
+#[tokio::test]
+async fn the_python_outbox_example_enqueues_with_the_business_write() {
+    let url = mailroom_testkit::fresh_postgres_db().await;
+    mailroom_on(&url, &["migrate"]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("/usr/bin/python3")
+        .arg(root.join("examples/outbox-python/outbox.py"))
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("run python3 (scripts/lib/services.sh installs python3-psycopg)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed_id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("enqueued "))
+        .unwrap_or_else(|| panic!("no event id printed: {stdout}"));
+    assert!(
+        stdout.contains("rolled back: insufficient funds"),
+        "{stdout}"
+    );
+
+    let list: serde_json::Value =
+        serde_json::from_str(&mailroom_on(&url, &["--json", "events", "list"])).expect("JSON");
+    let events = list["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "the rolled-back event is not there: {list}");
+    let e = &events[0];
+    assert_eq!(e["id"], printed_id);
+    assert_eq!(e["source"], "outbox");
+    assert_eq!(e["topic"], "payments");
+    assert_eq!(e["type"], "payment.debited");
+    assert_eq!(e["key"], "account-7");
+    assert_eq!(e["dedup_key"], "debit-7-0042");
+    assert_eq!(e["status"], "pending");
+    assert_eq!(
+        e["payload"],
+        serde_json::json!({"account": 7, "amount": 10})
+    );
+
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let balance: i32 = sqlx::query_scalar("SELECT balance FROM accounts WHERE id = 7")
+        .fetch_one(&pool)
+        .await
+        .expect("the example's table");
+    assert_eq!(balance, 90, "the debit committed with its event");
+}
