@@ -237,7 +237,11 @@ async fn the_python_outbox_example_enqueues_with_the_business_write() {
     let list: serde_json::Value =
         serde_json::from_str(&mailroom_on(&url, &["--json", "events", "list"])).expect("JSON");
     let events = list["events"].as_array().expect("events");
-    assert_eq!(events.len(), 1, "the rolled-back event is not there: {list}");
+    assert_eq!(
+        events.len(),
+        1,
+        "the rolled-back event is not there: {list}"
+    );
     let e = &events[0];
     assert_eq!(e["id"], printed_id);
     assert_eq!(e["source"], "outbox");
