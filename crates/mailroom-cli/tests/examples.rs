@@ -1,9 +1,13 @@
-//! The shipped configurations stay valid: `mailroom config check` accepts
+//! The shipped examples stay true: `mailroom config check` accepts
 //! `mailroom.example.toml` and `examples/rabbitmq/mailroom.toml` and sees
-//! the RabbitMQ parts they document.
+//! the RabbitMQ parts they document, and the programs under `examples/` do
+//! what the book says when run against a real mailroom.
+
+mod support;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// `mailroom --config <file> config check --json` with the variables the
 /// examples reference set; the parsed answer.
@@ -261,4 +265,72 @@ async fn the_python_outbox_example_enqueues_with_the_business_write() {
         .await
         .expect("the example's table");
     assert_eq!(balance, 90, "the debit committed with its event");
+}
+
+/// `examples/pull-worker-python/worker.py`, as the pull-workers guide runs
+/// it: against a quick-start `mailroom serve`, it claims the events of the
+/// handler-less topic `thumbnails`, prints each and acks it with its
+/// fencing token, so every event ends `done` after one attempt.
+#[tokio::test]
+async fn the_python_pull_worker_example_finishes_every_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite://{}", dir.path().join("mailroom.db").display());
+    let serve = support::Serve::start_quick(dir.path(), &store);
+    let http = reqwest::Client::new();
+    for n in 1..=3 {
+        let resp = http
+            .post(format!("{}/webhooks/thumbnails", serve.base))
+            .header("content-type", "application/json")
+            .header("webhook-id", format!("up-{n}"))
+            .body(format!(r#"{{"image": "img-{n}.png"}}"#))
+            .send()
+            .await
+            .expect("webhook");
+        assert_eq!(resp.status(), 200);
+    }
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut worker = std::process::Command::new("/usr/bin/python3")
+        .arg("-u")
+        .arg(root.join("examples/pull-worker-python/worker.py"))
+        .env("MAILROOM_URL", &serve.base)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let page: serde_json::Value = http
+            .get(format!(
+                "{}/v1/events?topic=thumbnails&status=done",
+                serve.base
+            ))
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("JSON");
+        let done = page["events"].as_array().expect("events").clone();
+        if done.len() == 3 || Instant::now() > deadline {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = worker.kill();
+    let out = worker.wait_with_output().expect("worker output");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        done.len(),
+        3,
+        "done: {done:?}; the worker printed:\n{printed}"
+    );
+    for e in &done {
+        assert_eq!(e["attempts"], 1, "{e}");
+        let id = e["id"].as_str().expect("id");
+        assert!(
+            printed.contains(&format!("processing {id} ")),
+            "{id} not in:\n{printed}"
+        );
+    }
 }
