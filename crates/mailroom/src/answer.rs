@@ -33,39 +33,42 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventObject<'a> {
-    /// Event id.
+    /// The event's id (a UUIDv7), as the API's routes take it.
     pub id: EventId,
-    /// Source name.
+    /// Where it came from: a webhook source's name, `api`, `outbox`, or an
+    /// AMQP source's name.
     pub source: &'a str,
-    /// Topic name.
+    /// The topic whose handler processes it.
     pub topic: &'a str,
     /// The sender's id, unique per source.
     pub dedup_key: &'a str,
-    /// Ordering / grouping key.
+    /// The ordering key (sequential topics) or grouping key (batch topics
+    /// with `group_by`).
     pub key: Option<&'a str>,
-    /// Event type.
+    /// The event's type as the sender named it (e.g. `invoice.paid`).
     #[serde(rename = "type")]
     pub event_type: Option<&'a str>,
     /// Claim order within the topic: higher first (default 0).
     pub priority: i32,
-    /// Current status.
+    /// Where it is in its life: `pending`, `running`, `done`, `dead`,
+    /// `skipped`, `cancelled` or `expired`.
     pub status: Status,
-    /// Attempts started so far.
+    /// Attempts started so far (a replay keeps counting).
     pub attempts: u32,
-    /// Attempt budget.
+    /// The attempt number after which a failure makes it `dead`.
     pub max_attempts: u32,
     /// When the next attempt may start.
     pub next_attempt_at: Option<Timestamp>,
     /// When intake committed it.
     pub received_at: Timestamp,
-    /// Correlation id.
+    /// The id tying it to the other events of one business flow.
     pub correlation_id: Option<&'a str>,
-    /// Causation id.
+    /// The id of the event or command that caused it.
     pub causation_id: Option<&'a str>,
     /// W3C `traceparent` received with the event (absent when none was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<&'a str>,
-    /// Content type of the payload.
+    /// The payload's media type as received (HTTP handlers send it on).
     pub content_type: Option<&'a str>,
     /// The payload as JSON, or null.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Value>))]
@@ -131,7 +134,7 @@ impl<'a> EventObject<'a> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimObject<'a> {
-    /// The event.
+    /// The claimed event, its fields at the top level of the object.
     #[serde(flatten)]
     pub event: EventObject<'a>,
     /// The fencing token to answer with.
@@ -141,7 +144,7 @@ pub struct ClaimObject<'a> {
 }
 
 impl<'a> ClaimObject<'a> {
-    /// The object of claim `c`.
+    /// The JSON shape of claim `c`.
     pub fn new(c: &'a Claimed) -> Self {
         Self {
             event: EventObject::summary(&c.event),
@@ -162,7 +165,7 @@ pub struct EventList<'a> {
 }
 
 impl<'a> EventList<'a> {
-    /// The answer for `page`.
+    /// The JSON shape of `page`, its events without history.
     pub fn new(page: &'a Page) -> Self {
         Self {
             events: page.events.iter().map(EventObject::summary).collect(),
@@ -198,7 +201,7 @@ pub struct StatsAnswer {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicAnswer {
-    /// The topic.
+    /// The topic's name.
     pub topic: String,
     /// `single`, `sequential` or `batch` (`single` for an undeclared topic).
     pub mode: &'static str,
@@ -311,7 +314,7 @@ impl Rates {
 }
 
 impl TopicAnswer {
-    /// Events in `status`.
+    /// How many of the topic's events are in `status` (0 when none).
     pub fn count(&self, status: Status) -> u64 {
         self.counts.get(status.as_str()).copied().unwrap_or(0)
     }
@@ -321,7 +324,7 @@ impl TopicAnswer {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AlertObject<'a> {
-    /// The topic.
+    /// The topic the alert is about.
     pub topic: &'a str,
     /// The `[alerts]` key crossed: `dead_letter_depth`, `backlog`,
     /// `failure_rate` or `processing_time`.
@@ -330,12 +333,12 @@ pub struct AlertObject<'a> {
     pub value: f64,
     /// The configured threshold (seconds for `processing_time`).
     pub threshold: f64,
-    /// One line for a human.
+    /// One line for a human: what crossed which threshold.
     pub message: &'a str,
 }
 
 impl<'a> AlertObject<'a> {
-    /// The object of `alert`.
+    /// The JSON shape of `alert`.
     pub fn new(alert: &'a Alert) -> Self {
         Self {
             topic: &alert.topic,

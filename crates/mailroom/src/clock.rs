@@ -6,11 +6,11 @@ use jiff::Timestamp;
 
 /// A source of "now" (UTC).
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
-    /// The current time.
+    /// Now, in UTC: what batch schedules are compared against.
     fn now(&self) -> Timestamp;
 }
 
-/// The system clock.
+/// The real wall clock, what an engine uses unless one is injected.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 

@@ -28,7 +28,7 @@ pub enum BuildError {
     /// A topic's settings are refused by [`TopicSpec::validate`].
     #[error("topic {topic:?}: {error}")]
     Topic {
-        /// The topic.
+        /// The refused topic's name.
         topic: String,
         /// The offending key ([`SpecError::key`]).
         key: String,
@@ -38,7 +38,7 @@ pub enum BuildError {
     /// A source's settings are refused by [`SourceSpec::validate`].
     #[error("source {source_name:?}: {error}")]
     Source {
-        /// The source.
+        /// The refused source's name.
         source_name: String,
         /// The offending key ([`SourceSpecError::key`]).
         key: &'static str,
@@ -93,13 +93,15 @@ impl EngineBuilder {
         self
     }
 
-    /// Adds a topic.
+    /// Declares a topic: its mode, concurrency, retry policy, timeout and
+    /// limits. [`build`](Self::build) validates it.
     pub fn topic(mut self, spec: TopicSpec) -> Self {
         self.topics.push(spec);
         self
     }
 
-    /// Adds a webhook source.
+    /// Declares a webhook source: the topic its events go to, where its
+    /// dedup key, type and key live, and how its signatures are verified.
     pub fn source(mut self, spec: SourceSpec) -> Self {
         self.sources.push(spec);
         self

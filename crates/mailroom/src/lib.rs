@@ -1,45 +1,142 @@
 //! # mailroom
 //!
-//! Reliable event intake and processing — the transactional inbox and outbox
-//! — as an embeddable engine. The data path, top to bottom:
+//! Reliable event intake and processing — the transactional inbox and the
+//! transactional outbox — as a library you embed in a Rust program.
+//! mailroom commits every event durably and deduplicated *before* it
+//! answers, then hands it to your handler asynchronously: under a lease,
+//! with retries and exponential backoff, per-key ordering or batching, and
+//! a dead-letter store you can inspect and replay. The `mailroom` binary
+//! (webhooks, RabbitMQ, an HTTP API and a dashboard) runs this same engine;
+//! embedded, your program gets the engine without a server.
+//!
+//! ## Embedding it
+//!
+//! 1. **Open a store.** [`open_store`] takes `sqlite://path` (one file, the
+//!    default) or a `postgres://` URL (any number of instances sharing one
+//!    database); [`Store::migrate`] creates or updates its schema.
+//! 2. **Declare topics.** A [`TopicSpec`] per stream of events: its
+//!    [`Mode`] (`single`, `sequential` per key, or `batch`), concurrency,
+//!    [`RetryPolicy`], attempt timeout and lease.
+//! 3. **Give each topic a handler.** An async closure through
+//!    [`handler::handler_fn`] that returns an [`Outcome`] (or a `Result`:
+//!    `Ok` is done, `Err` a retry with backoff), or your own
+//!    [`handler::Handler`]; the built-in HTTP and command handlers are in
+//!    [`handler`] too. A topic without a handler is left to pull workers
+//!    ([`Engine::claim`]).
+//! 4. **Run.** [`Engine::run`] starts one loop per topic, which claims due
+//!    events and runs their handler, plus the maintenance (lease rescue,
+//!    retention, alerts), until the [`CancellationToken`] it was given is
+//!    cancelled.
+//! 5. **Enqueue.** [`Engine::enqueue`] takes a [`Draft`]; when it returns
+//!    `Ok`, the event is committed. A dedup key already stored answers the
+//!    stored event's id with `duplicate: true` and changes nothing, so
+//!    retrying the call is safe.
+//! 6. **Stop.** Cancel the token: `run` returns once the attempts in flight
+//!    have finished, each bounded by its topic's timeout. Events not yet
+//!    done stay in the store for the next run.
+//!
+//! ```
+//! use mailroom::handler::handler_fn;
+//! use mailroom::{Draft, Engine, Event, Status, TopicSpec};
+//! use std::time::Duration;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A store: one SQLite file (here in a throwaway directory), migrated.
+//! let dir = tempfile::tempdir()?;
+//! let url = format!("sqlite://{}", dir.path().join("app.db").display());
+//! let store = mailroom::open_store(&url, true).await?;
+//! store.migrate().await?;
+//!
+//! // A topic and its handler: `Ok` marks the event done, `Err` retries it.
+//! let engine = Engine::builder(store)
+//!     .topic(TopicSpec::new("emails").concurrency(8))
+//!     .handler(
+//!         "emails",
+//!         handler_fn(|event: Event| async move {
+//!             let body = String::from_utf8_lossy(event.payload.as_deref().unwrap_or_default());
+//!             println!("sending {body} (attempt {})", event.attempts);
+//!             Ok::<(), String>(())
+//!         }),
+//!     )
+//!     .build()?;
+//!
+//! // Run it until `shutdown` is cancelled.
+//! let shutdown = CancellationToken::new();
+//! let running = tokio::spawn({
+//!     let (engine, shutdown) = (engine.clone(), shutdown.clone());
+//!     async move { engine.run(shutdown).await }
+//! });
+//!
+//! // Enqueue: durable when it returns. The same dedup key again is a duplicate.
+//! let welcome = Draft::json("emails", &serde_json::json!({"to": "ada@example.com"}))
+//!     .dedup_key("welcome-ada");
+//! let stored = engine.enqueue(welcome.clone()).await?;
+//! let again = engine.enqueue(welcome).await?;
+//! assert!(!stored.duplicate && again.duplicate);
+//! assert_eq!(again.id, stored.id);
+//!
+//! // The handler runs soon after; its outcome is stored with the event.
+//! tokio::time::timeout(Duration::from_secs(10), async {
+//!     while engine.get(stored.id).await?.map(|e| e.status) != Some(Status::Done) {
+//!         tokio::time::sleep(Duration::from_millis(20)).await;
+//!     }
+//!     Ok::<_, mailroom::StoreError>(())
+//! })
+//! .await??;
+//!
+//! // Stop: `run` returns once the attempts in flight have ended.
+//! shutdown.cancel();
+//! running.await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `crates/mailroom/examples` has longer programs: a `single` topic whose
+//! handler fails first attempts (the retry path), a `sequential` topic
+//! (per-key order) and a `batch` topic. The book's embedding guide
+//! (`docs/src/guides/embedding.md`) walks through them.
+//!
+//! ## What else the engine does
+//!
+//! - **Operators' work**: [`Engine::get`], [`Engine::list`],
+//!   [`Engine::search`], [`Engine::stats`], [`Engine::replay`],
+//!   [`Engine::skip`], [`Engine::cancel`], [`Engine::purge`] and
+//!   [`Engine::alerts`] — what the HTTP API, the dashboard and the CLI call.
+//! - **Pull workers**: [`Engine::claim`], [`Engine::extend`] and
+//!   [`Engine::finish_claim`] for processes that fetch events themselves,
+//!   with the claim's [`FencingToken`].
+//! - **Webhooks**: [`Engine::ingest_webhook`] verifies, deduplicates and
+//!   stores a request for a declared [`SourceSpec`].
+//! - **The outbox**: applications write events in their own database
+//!   transaction (`mailroom_postgres::outbox::enqueue`, or the SQLite
+//!   INSERT `mailroom_sqlite::OUTBOX_INSERT`); a running engine picks them
+//!   up like any other.
+//!
+//! ## The data path
 //!
 //! 1. **intake** ([`intake`]): a webhook request (or [`Engine::enqueue`]) is
 //!    verified, its dedup key / type / ordering key read, and a
 //!    [`NewEvent`] built, which must pass its topic's rules ([`accept`]: the
 //!    one rule set of every door, webhooks, API, library and AMQP);
-//! 2. **store** ([`mailroom_core::Store`]): the event is committed durably and
+//! 2. **store** ([`Store`]): the event is committed durably and
 //!    deduplicated before anyone is answered (SQLite by default, grouped
 //!    commits);
-//! 3. **dispatcher** (`dispatch`): one loop per topic claims due events under
-//!    leases with fencing tokens, up to the topic's concurrency;
+//! 3. **dispatcher**: one loop per topic claims due events under leases
+//!    with fencing tokens, up to the topic's concurrency;
 //! 4. **handler** ([`handler`]): HTTP, command, or your own async closure;
 //! 5. **outcome**: the handler's [`Outcome`] is resolved by the topic's
 //!    [`RetryPolicy`] into done / retry-later / dead and stored with the
 //!    claim's token.
 //!
 //! [`topology`] describes topics and sources; the engine builder validates
-//! them. The `mailroom.toml` file format lives in `mailroom-config`, the HTTP
-//! server in `mailroom-server`, the CLI in `mailroom-cli`.
+//! them. The `mailroom.toml` file format lives in `mailroom-config`, the
+//! HTTP server in `mailroom-server`, the CLI in `mailroom-cli`.
 //!
-//! ```no_run
-//! use mailroom::{Draft, Engine, TopicSpec, handler::handler_fn};
-//! use tokio_util::sync::CancellationToken;
-//!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = mailroom::open_store("sqlite://app.db", true).await?;
-//! store.migrate().await?;
-//! let engine = Engine::builder(store)
-//!     .topic(TopicSpec::new("emails").concurrency(8))
-//!     .handler("emails", handler_fn(|event: mailroom::Event| async move {
-//!         println!("sending {}", event.id);
-//!         Ok::<(), String>(())
-//!     }))
-//!     .build()?;
-//! engine.enqueue(Draft::json("emails", &serde_json::json!({"to": "a@b.c"})).dedup_key("welcome-1")).await?;
-//! let shutdown = CancellationToken::new();
-//! engine.run(shutdown).await;
-//! # Ok(()) }
-//! ```
+//! [`CancellationToken`]: tokio_util::sync::CancellationToken
+
+#![deny(missing_docs)]
 
 pub mod accept;
 pub mod answer;

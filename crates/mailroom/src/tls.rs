@@ -19,7 +19,7 @@ pub enum PemError {
     /// The file could not be read.
     #[error("{file}: cannot read: {source}")]
     Read {
-        /// The file.
+        /// The path as it was configured.
         file: String,
         /// The I/O error.
         source: std::io::Error,
@@ -27,19 +27,19 @@ pub enum PemError {
     /// The file holds no `CERTIFICATE` block.
     #[error("{file}: no PEM certificate (-----BEGIN CERTIFICATE-----) found")]
     NoCertificate {
-        /// The file.
+        /// The path as it was configured.
         file: String,
     },
     /// The file holds no private key block.
     #[error("{file}: no PEM private key (PKCS#8, PKCS#1 or SEC1) found")]
     NoKey {
-        /// The file.
+        /// The path as it was configured.
         file: String,
     },
     /// The PEM text or what it encodes is malformed.
     #[error("{file}: {reason}")]
     Malformed {
-        /// The file.
+        /// The path as it was configured.
         file: String,
         /// What is wrong.
         reason: String,

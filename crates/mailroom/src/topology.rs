@@ -51,12 +51,16 @@ pub enum FieldError {
     Pointer(String),
 }
 
-/// A topic's settings.
+/// A topic: a named stream of events with one processing mode, one retry
+/// policy and one handler. Build one with [`TopicSpec::new`] and its
+/// setters; [`EngineBuilder::build`](crate::EngineBuilder::build) checks it
+/// with [`TopicSpec::validate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopicSpec {
-    /// Name.
+    /// The name events, sources and handlers refer to it by.
     pub name: String,
-    /// Processing mode.
+    /// How its events are handed out: independently (`single`), one at a
+    /// time per key (`sequential`), or together (`batch`).
     pub mode: Mode,
     /// Where the ordering/grouping key lives when the source doesn't say.
     pub key: Option<Field>,
@@ -65,9 +69,11 @@ pub struct TopicSpec {
     pub default_key: Option<String>,
     /// Attempts in flight at once.
     pub concurrency: u32,
-    /// Retry policy.
+    /// How many attempts an event gets and how long it waits between
+    /// them.
     pub retry: RetryPolicy,
-    /// Bound on one attempt.
+    /// How long one attempt may run before it is cut off and counted as a
+    /// failure.
     pub timeout: Duration,
     /// Lease length; always longer than `timeout`.
     pub lease: Duration,
@@ -161,13 +167,14 @@ impl TopicSpec {
         self.rate.is_some() || self.max_running.is_some()
     }
 
-    /// Sets the mode.
+    /// Sets how events are handed out (`single`, `sequential`, `batch`).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
     }
 
-    /// Sets where the key lives.
+    /// Sets where the ordering key lives in requests whose source does not
+    /// say.
     pub fn key(mut self, key: Field) -> Self {
         self.key = Some(key);
         self
@@ -179,7 +186,7 @@ impl TopicSpec {
         self
     }
 
-    /// Sets the retry policy.
+    /// Sets the attempt budget and the backoff between attempts.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -252,7 +259,7 @@ impl TopicSpec {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
-    /// The name is empty.
+    /// The name is empty: nothing could refer to the topic.
     #[error("name must not be empty")]
     EmptyName,
     /// `concurrency` is 0.
@@ -278,9 +285,9 @@ pub enum SpecError {
         duration::format(*.timeout)
     )]
     LeaseTooShort {
-        /// The lease.
+        /// The lease asked for.
         lease: Duration,
-        /// The timeout.
+        /// The attempt timeout it must outlast.
         timeout: Duration,
     },
     /// Where the key lives is not a valid header name or JSON pointer.
@@ -324,17 +331,21 @@ impl SpecError {
     }
 }
 
-/// A webhook source's settings.
+/// A webhook source: an endpoint `POST /webhooks/{name}` feeding one topic,
+/// with where its dedup key, type and key live and how its signatures are
+/// verified. Build one with [`SourceSpec::new`];
+/// [`EngineBuilder::build`](crate::EngineBuilder::build) checks it with
+/// [`SourceSpec::validate`].
 #[derive(Debug, Clone)]
 pub struct SourceSpec {
     /// URL segment and `source` of its events.
     pub name: String,
-    /// Topic its events go to.
+    /// The topic its events go to.
     pub topic: String,
     /// Where the dedup key lives, first present wins; empty means the
     /// default chain (`webhook-id`, `Idempotency-Key`, `/id`, SHA-256 of the body).
     pub id: Vec<Field>,
-    /// Where the event type lives.
+    /// Where the event type lives (a header or a JSON pointer).
     pub event_type: Option<Field>,
     /// Where the ordering key lives (overrides the topic's).
     pub key: Option<Field>,
@@ -345,7 +356,7 @@ pub struct SourceSpec {
     pub priority: Option<Field>,
     /// Signature verification, checked before anything else.
     pub verifier: Option<mailroom_signatures::Verifier>,
-    /// Largest accepted body in bytes.
+    /// Largest accepted body in bytes; a larger one is answered 413.
     pub max_body: u64,
     /// Requests accepted per time unit (`rate_limit = "1000/s"`); `None`: unlimited.
     pub rate_limit: Option<RateLimit>,
@@ -358,7 +369,7 @@ pub struct SourceSpec {
 pub struct RateLimit {
     /// Requests per period (at least 1).
     pub requests: u32,
-    /// The period.
+    /// The period the budget refills over.
     pub per: Duration,
 }
 
@@ -439,7 +450,7 @@ pub enum SourceSpecError {
     /// The name is empty or not a URL segment.
     #[error("use letters, digits, '-', '_' or '.' (it is a URL segment)")]
     Name,
-    /// No topic named.
+    /// No topic named: its events would have nowhere to go.
     #[error("topic must not be empty")]
     NoTopic,
     /// `max_body` is 0.

@@ -87,25 +87,30 @@ impl Draft {
         self
     }
 
-    /// Ordering / grouping key.
+    /// The ordering key: in a `sequential` topic, events of one key run one
+    /// at a time in arrival order; in a `batch` topic with `group_by`, the
+    /// batch it joins. Without one, the topic's `default_key` applies.
     pub fn key(mut self, k: impl Into<String>) -> Self {
         self.key = Some(k.into());
         self
     }
 
-    /// Event type.
+    /// The event's type (e.g. `invoice.paid`): shown and filtered on, sent
+    /// to handlers, and usable in an AMQP handler's `routing_key`.
     pub fn event_type(mut self, t: impl Into<String>) -> Self {
         self.event_type = Some(t.into());
         self
     }
 
-    /// Correlation id.
+    /// The id that ties this event to the others of one business flow;
+    /// handlers receive it (`mailroom-correlation-id`).
     pub fn correlation_id(mut self, c: impl Into<String>) -> Self {
         self.correlation_id = Some(c.into());
         self
     }
 
-    /// Causation id.
+    /// The id of the event or command that caused this one; handlers
+    /// receive it.
     pub fn causation_id(mut self, c: impl Into<String>) -> Self {
         self.causation_id = Some(c.into());
         self
@@ -119,7 +124,8 @@ impl Draft {
         self
     }
 
-    /// Content type of the payload.
+    /// The payload's media type, sent with it to HTTP handlers (default:
+    /// none for [`Draft::bytes`], `application/json` for [`Draft::json`]).
     pub fn content_type(mut self, c: impl Into<String>) -> Self {
         self.content_type = Some(c.into());
         self

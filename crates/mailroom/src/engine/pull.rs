@@ -21,7 +21,7 @@ pub enum ClaimError {
     /// The topic has a built-in handler: its events are the engine's to run.
     #[error("topic {0:?} has a built-in handler; only pull topics can be claimed")]
     NotPullTopic(String),
-    /// The store failed.
+    /// The store could not be read or written; the claim took nothing.
     #[error(transparent)]
     Store(#[from] StoreError),
 }

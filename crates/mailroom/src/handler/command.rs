@@ -26,7 +26,9 @@ const STDERR_TAIL: usize = 2048;
 /// them is where a secret is kept.
 pub const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
 
-/// Runs a program per event.
+/// Runs a program per attempt: payload on stdin, envelope in `MAILROOM_*`
+/// variables; exit 0 is done, 65 a permanent failure, anything else a
+/// retry.
 #[derive(Debug, Clone)]
 pub struct CommandHandler {
     argv: Vec<String>,

@@ -25,13 +25,14 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(3600);
 /// Settings of an HTTP handler.
 #[derive(Debug, Clone)]
 pub struct HttpHandlerSettings {
-    /// Endpoint.
+    /// The receiver's URL, POSTed once per attempt (per batch in batch
+    /// topics).
     pub url: reqwest::Url,
     /// Per-request timeout.
     pub timeout: Duration,
     /// Signing key (decoded from `whsec_<base64>`, or the raw string's bytes).
     pub secret: Option<Vec<u8>>,
-    /// Extra headers.
+    /// Headers added to every request (e.g. the receiver's own token).
     pub headers: BTreeMap<String, String>,
     /// Statuses that mean "do not retry".
     pub permanent_statuses: Vec<u16>,

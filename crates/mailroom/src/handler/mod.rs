@@ -61,7 +61,8 @@ impl<T: Into<Outcome>> From<T> for BatchOutcome {
     }
 }
 
-/// A shared handler.
+/// A handler as the engine holds it: shared by every attempt of its
+/// topic, across the topic loop's tasks.
 pub type SharedHandler = Arc<dyn Handler>;
 
 /// The W3C `traceparent` to send with one handler call of `event`: a child

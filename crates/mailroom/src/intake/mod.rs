@@ -30,7 +30,7 @@ pub enum IntakeError {
     /// The body is larger than the source's `max_body`.
     #[error("body larger than {limit} bytes")]
     TooLarge {
-        /// The limit.
+        /// The source's `max_body`, in bytes.
         limit: u64,
     },
     /// A required value is absent or unusable.
