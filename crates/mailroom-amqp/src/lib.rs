@@ -16,6 +16,8 @@
 //! Every operation's failure is an [`AmqpError`]; a broker's refusal of a
 //! declare (`PRECONDITION_FAILED`) names the queue and the argument.
 
+#![deny(missing_docs)]
+
 mod broker;
 mod confirms;
 pub mod connection;

@@ -3,7 +3,7 @@
 //! `mailroom.toml`, the configuration file format (every key in
 //! `docs/src/reference/configuration.md`), kept outside the runtime:
 //!
-//! 1. [`file`]: the serde types, one per table, unknown keys refused;
+//! 1. [`file`](mod@file): the serde types, one per table, unknown keys refused;
 //! 2. [`Config::load`]: documented defaults → the file → `MAILROOM_*`
 //!    environment overrides, with `${VAR}` interpolation in every string;
 //! 3. [`Topology::from_config`]: the parsed file turned into the runtime's
@@ -22,6 +22,8 @@
 //! assert_eq!(topology.topics[0].0.name, "emails");
 //! # Ok::<(), mailroom_config::ConfigError>(())
 //! ```
+
+#![deny(missing_docs)]
 
 pub mod amqp;
 mod error;

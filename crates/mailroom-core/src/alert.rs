@@ -19,9 +19,11 @@ pub const MIN_ATTEMPTS: u64 = 20;
 /// Prometheus rules.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AlertRules {
-    /// Dead events of a topic.
+    /// Fires when a topic holds more dead events than this: failures wait
+    /// for an operator.
     pub dead_letter_depth: Option<u64>,
-    /// Pending events of a topic.
+    /// Fires when a topic holds more pending events than this: the
+    /// handler is not keeping up.
     pub backlog: Option<u64>,
     /// Share of a topic's attempts finished in the window that failed
     /// (`retry`, `dead` or `lease_expired`), in `0..=1`.
@@ -87,13 +89,14 @@ impl AlertRulesError {
 /// Which threshold an [`Alert`] crossed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AlertKind {
-    /// Too many dead events.
+    /// More dead events than `dead_letter_depth`.
     DeadLetterDepth,
-    /// Too many pending events.
+    /// More pending events than `backlog`.
     Backlog,
-    /// Too many failed attempts.
+    /// A larger share of failed attempts in the window than `failure_rate`.
     FailureRate,
-    /// Attempts take too long.
+    /// Attempts slower (p95, or the longest running) than
+    /// `processing_time`.
     ProcessingTime,
 }
 
@@ -112,7 +115,7 @@ impl AlertKind {
 /// Recent attempts of one topic, as a store reports them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AttemptWindow {
-    /// The topic.
+    /// The topic the attempts belong to.
     pub topic: String,
     /// Attempts finished in the window, whatever their outcome.
     pub finished: u64,
@@ -127,15 +130,16 @@ pub struct AttemptWindow {
 /// A threshold a topic is over.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Alert {
-    /// The topic.
+    /// The topic over the threshold.
     pub topic: String,
-    /// The threshold crossed.
+    /// Which `[alerts]` threshold it crossed.
     pub kind: AlertKind,
     /// The measured value (seconds for `processing_time`).
     pub value: f64,
     /// The configured threshold (seconds for `processing_time`).
     pub threshold: f64,
-    /// One line for a human.
+    /// One line for a human: what crossed which threshold, for logs and
+    /// the dashboard.
     pub message: String,
 }
 

@@ -90,7 +90,7 @@ pub enum Status {
     Pending,
     /// Leased to one worker, under a fencing token.
     Running,
-    /// Processed successfully.
+    /// Processed successfully; final.
     Done,
     /// Attempts exhausted or failure declared permanent; waits for an operator.
     Dead,
@@ -200,15 +200,17 @@ pub struct NewEvent {
 pub struct Attempt {
     /// 1-based attempt number; keeps counting across replays.
     pub attempt: u32,
-    /// When the claim started.
+    /// When the claim started (store clock).
     pub started_at: Timestamp,
-    /// When the outcome was recorded.
+    /// When the outcome was recorded; `None` while it runs.
     pub finished_at: Option<Timestamp>,
-    /// How it ended.
+    /// Done, retry, dead, or lease expired.
     pub outcome: AttemptOutcome,
-    /// Error text, if it failed.
+    /// Error text, if it failed (a command's stderr tail, an HTTP status
+    /// and body excerpt, ...).
     pub error: Option<String>,
-    /// Which worker ran it.
+    /// The worker id of the process that ran it (`hostname:pid` unless
+    /// set), so an operator can tell instances apart.
     pub worker: Option<String>,
 }
 
@@ -217,7 +219,7 @@ pub struct Attempt {
 #[serde(rename_all = "snake_case")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AttemptOutcome {
-    /// The handler succeeded.
+    /// The handler succeeded; the event is done.
     Done,
     /// The handler failed; the event was rescheduled.
     Retry,
@@ -255,21 +257,23 @@ impl FromStr for AttemptOutcome {
 /// A stored event with its processing state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    /// Time-ordered id.
+    /// Time-ordered id (UUIDv7), assigned at intake.
     pub id: EventId,
-    /// Source name.
+    /// Where it came from: a webhook source name, an AMQP source, `api`,
+    /// `outbox`.
     pub source: String,
-    /// Topic name.
+    /// The topic whose handler processes it.
     pub topic: String,
-    /// Sender's id, unique per source.
+    /// Sender's id, unique per source: a repeat is answered as a duplicate.
     pub dedup_key: String,
-    /// Ordering / grouping key.
+    /// Ordering key (sequential topics) or grouping key (batch topics with
+    /// `group_by`).
     pub key: Option<String>,
-    /// Event type.
+    /// The sender's event type (e.g. `payment.created`).
     pub event_type: Option<String>,
     /// Claim order within its topic: higher first (default 0).
     pub priority: i32,
-    /// Current status.
+    /// Where it is in its life (pending, running, done, dead, ...).
     pub status: Status,
     /// Attempts started so far (the current one included while running).
     pub attempts: u32,
@@ -279,13 +283,14 @@ pub struct Event {
     pub next_attempt_at: Option<Timestamp>,
     /// When intake committed it.
     pub received_at: Timestamp,
-    /// Correlation id.
+    /// Correlation id carried along to handlers and logs.
     pub correlation_id: Option<String>,
-    /// Causation id.
+    /// Id of the event that caused this one.
     pub causation_id: Option<String>,
-    /// W3C `traceparent` received with it.
+    /// W3C `traceparent` received with it, forwarded (as a child) to every
+    /// handler call.
     pub traceparent: Option<String>,
-    /// Content type of the payload.
+    /// Content type of the payload, as received.
     pub content_type: Option<String>,
     /// Payload bytes; `None` once retention purged them (the row stays for dedup).
     pub payload: Option<Bytes>,

@@ -24,6 +24,8 @@
 //! Everything that touches a disk, a socket or a clock lives in other crates;
 //! the one exception is [`Timestamp::now`]-style helpers being *passed in*.
 
+#![deny(missing_docs)]
+
 pub mod alert;
 pub mod cron;
 pub mod duration;

@@ -35,6 +35,8 @@
 //! that returns `Ok` has been flushed to the WAL: nothing is acknowledged
 //! before it is durable.
 
+#![deny(missing_docs)]
+
 mod claimer;
 mod completer;
 mod db;

@@ -56,7 +56,7 @@
 //! );
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod error;
 mod parse;

@@ -49,6 +49,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 mod limits;
 mod options;
 mod reader;
