@@ -9,7 +9,7 @@
 //!   the queue the consume phases read.
 //! - **consume floor** (per prefetch): lapin alone consumes those N with
 //!   `basic.qos(prefetch)` and acks each one; no store.
-//! - **mailroom inbound** (per prefetch): an [`AmqpSource`] with that
+//! - **mailroom inbound** (per prefetch): an [`AmqpSource`](mailroom_amqp::AmqpSource) with that
 //!   prefetch stores the same N messages into a fresh SQLite store (default
 //!   settings: group commit) and acks each after its commit.
 //! - **ack-after-commit floor** (per prefetch): lapin consumes as above,
@@ -18,8 +18,8 @@
 //!   acked: the store's part of any ack-after-commit consumer, no engine.
 //! - **mailroom relay**: N outbox events, already committed in a fresh
 //!   SQLite store, published through a topic whose handler is an
-//!   [`AmqpHandler`] (confirms, `mandatory`), on a supervised
-//!   [`AmqpConnection`] as `serve` runs it: a `single` topic, then a
+//!   [`AmqpHandler`](mailroom_amqp::AmqpHandler) (confirms, `mandatory`),
+//!   on a supervised [`AmqpConnection`](mailroom_amqp::AmqpConnection) as `serve` runs it: a `single` topic, then a
 //!   `batch` topic (a batch is published whole, then its confirms awaited).
 //! - **durable relay floor**: the N rows in an outbox table in SQLite (WAL,
 //!   `synchronous = FULL`), relayed with no engine: one writer thread claims

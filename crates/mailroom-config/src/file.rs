@@ -199,7 +199,7 @@ impl Default for RetentionConfig {
 }
 
 /// `[alerts]`: thresholds evaluated continuously (see
-/// [`AlertRules`](mailroom_core::AlertRules) for what each one measures).
+/// [`AlertRules`](mailroom::AlertRules) for what each one measures).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AlertsConfig {

@@ -589,7 +589,7 @@ impl Store for PostgresStore {
 
     /// With `max_wait_for_priority`, events waiting that long behind higher
     /// priorities are raised first, at most every quarter of that bound (and
-    /// every [`RESCAN`]): a low-priority event waits at most the bound plus
+    /// every `RESCAN`): a low-priority event waits at most the bound plus
     /// that, and a claim of a topic without priorities pays one probe.
     /// Independent topics are claimed from a floor (`floor.rs`): an event
     /// that turns pending behind newer ones waits at most
@@ -670,7 +670,7 @@ impl Store for PostgresStore {
     /// count of its running events, so the next instance counts this
     /// claim; with a `rate`, the budget's row, locked from the take until
     /// the claim's stamp has settled the tokens
-    /// ([`sql::settle_tokens`]), so grants and claims alternate across
+    /// (`sql::settle_tokens`), so grants and claims alternate across
     /// instances. The claim itself runs on its own connection(s). Dropped
     /// midway, the transaction rolls back and the locks go with it (and the
     /// tokens return to the budget).

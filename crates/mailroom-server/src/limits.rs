@@ -5,7 +5,7 @@
 //! - per connection (in [`serve_with`](crate::serve_with)): a header read
 //!   timeout, a cap on header count and size, a cap on open connections,
 //!   and on HTTPS a TLS handshake deadline;
-//! - per request: a whole-body read deadline ([`read_body`], 408) and a cap on
+//! - per request: a whole-body read deadline (`read_body`, 408) and a cap on
 //!   requests in flight, beyond which requests are refused at once with 503
 //!   and `Retry-After` instead of queueing;
 //! - per source: an optional token bucket (`rate_limit = "1000/s"`, 429);
