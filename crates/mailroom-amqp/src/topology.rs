@@ -25,16 +25,17 @@ pub struct Topology {
 /// An exchange (`[[amqp.exchange]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExchangeSpec {
-    /// Its name.
+    /// The name publishers and bindings refer to it by.
     pub name: String,
-    /// How it routes.
+    /// How it routes a message to bound queues.
     pub kind: ExchangeType,
     /// Survives a broker restart (default true).
     pub durable: bool,
 }
 
 impl ExchangeSpec {
-    /// A durable exchange.
+    /// A durable exchange of `kind`, as `[[amqp.exchange]]` declares it
+    /// unless told otherwise.
     pub fn new(name: impl Into<String>, kind: ExchangeType) -> Self {
         Self {
             name: name.into(),
@@ -49,9 +50,9 @@ impl ExchangeSpec {
 pub enum ExchangeType {
     /// Routing-key patterns with `*` and `#`.
     Topic,
-    /// Exact routing key.
+    /// To the queues bound with exactly the message's routing key.
     Direct,
-    /// Every bound queue.
+    /// To every bound queue, whatever the routing key.
     Fanout,
     /// Header values instead of the routing key.
     Headers,
@@ -97,7 +98,7 @@ impl std::str::FromStr for ExchangeType {
 /// A queue (`[[amqp.queue]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSpec {
-    /// Its name.
+    /// The name sources consume it by.
     pub name: String,
     /// Survives a broker restart (default true).
     pub durable: bool,
@@ -117,7 +118,7 @@ pub struct QueueSpec {
 /// A queue's binding to an exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
-    /// The exchange.
+    /// The exchange the queue receives from.
     pub exchange: String,
     /// The routing key (a pattern on topic exchanges).
     pub routing_key: String,
@@ -136,7 +137,8 @@ impl QueueSpec {
         }
     }
 
-    /// Adds a binding.
+    /// Binds the queue to `exchange` with `routing_key` (a pattern on topic
+    /// exchanges); a queue may have several bindings.
     pub fn bind(mut self, exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
         self.bindings.push(Binding {
             exchange: exchange.into(),
@@ -154,7 +156,8 @@ impl QueueSpec {
         }
     }
 
-    /// `<queue>.dlq`.
+    /// The dead-letter queue's name, `<queue>.dlq`: where rejected and
+    /// expired messages end up when `dead_letter` is on.
     pub fn dead_letter_queue(&self) -> String {
         format!("{}.dlq", self.name)
     }
@@ -199,20 +202,20 @@ impl QueueSpec {
 /// in declaration order (for `mailroom amqp declare`'s table).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Declared {
-    /// Exchanges.
+    /// The exchanges declared, dead-letter exchanges included.
     pub exchanges: Vec<ExchangeSpec>,
     /// Queues, with what the broker reported about them.
     pub queues: Vec<DeclaredQueue>,
-    /// Bindings.
+    /// The bindings declared, each queue's after the queue.
     pub bindings: Vec<DeclaredBinding>,
 }
 
 /// A queue as the broker reported it after its declare.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeclaredQueue {
-    /// Its name.
+    /// The queue's name.
     pub name: String,
-    /// Durable or not.
+    /// Whether it survives a broker restart.
     pub durable: bool,
     /// Its `x-` arguments, values rendered as text.
     pub arguments: Vec<(String, String)>,
@@ -222,14 +225,15 @@ pub struct DeclaredQueue {
     pub consumers: u32,
 }
 
-/// A binding that exists.
+/// A binding that exists after the declare: messages published to
+/// `exchange` with a matching routing key reach `queue`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeclaredBinding {
-    /// Source exchange.
+    /// The exchange messages come from.
     pub exchange: String,
-    /// Bound queue.
+    /// The queue they reach.
     pub queue: String,
-    /// Routing key.
+    /// The routing key (or pattern) that selects them.
     pub routing_key: String,
 }
 

@@ -7,7 +7,8 @@
 use jiff::civil::DateTime;
 use jiff::{Timestamp, ToSpan, tz::TimeZone};
 
-/// A parsed schedule.
+/// A parsed five-field schedule: [`Cron::parse`] reads one, and
+/// [`Cron::next_after`] finds when it fires next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cron {
     minutes: u64,

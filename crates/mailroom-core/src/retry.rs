@@ -24,12 +24,14 @@ pub enum Backoff {
     Schedule(Vec<Duration>),
 }
 
-/// A topic's retry policy.
+/// A topic's retry policy: how many attempts an event gets before it goes
+/// `dead`, and how long it waits after each failure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// Attempts before an event goes `dead` (the first attempt included).
     pub max_attempts: u32,
-    /// Delay growth.
+    /// The wait after each failed attempt: exponential, or an explicit
+    /// schedule.
     pub backoff: Backoff,
 }
 

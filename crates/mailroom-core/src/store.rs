@@ -142,7 +142,7 @@ impl EventSearch {
 /// One topic's traffic in one minute ([`Store::throughput`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Throughput {
-    /// The topic.
+    /// The topic the traffic belongs to.
     pub topic: String,
     /// The minute's start (store clock).
     pub minute: Timestamp,
@@ -189,7 +189,7 @@ impl Page {
 /// Per-topic numbers for `status`, `/v1/stats`, metrics and alerts.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TopicStats {
-    /// The topic.
+    /// The topic the numbers are about.
     pub topic: String,
     /// Event count per status (statuses with no events may be absent).
     pub counts: BTreeMap<&'static str, u64>,
@@ -214,7 +214,8 @@ impl TopicStats {
     }
 }
 
-/// What retention removes.
+/// How long stored events keep their payloads and their rows: what
+/// retention removes, run by maintenance and by `mailroom purge`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// Drop payloads of `done`/`skipped` events received before now − this.

@@ -9,7 +9,9 @@
 
 use std::fmt;
 
-/// A valid `traceparent`.
+/// A valid W3C `traceparent` (version, trace id, parent span id, flags),
+/// parsed from what an event arrived with; [`TraceParent::child`] makes the
+/// one a handler call sends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceParent {
     trace_id: [u8; 32],
