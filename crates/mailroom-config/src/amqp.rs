@@ -31,7 +31,8 @@ pub struct AmqpPlan {
 /// A topic's AMQP handler and where it publishes.
 #[derive(Debug)]
 pub struct AmqpHandlerPlan {
-    /// Broker URL.
+    /// The broker it publishes to: handlers and sources sharing a URL share
+    /// one connection.
     pub url: String,
     /// The topic it handles.
     pub topic: String,

@@ -19,15 +19,16 @@ use std::sync::Arc;
 pub struct Topology {
     /// Topics, each with its built-in handler (`None`: pulled).
     pub topics: Vec<(TopicSpec, Option<SharedHandler>)>,
-    /// Webhook sources.
+    /// The `[[source]]` webhook endpoints, validated (AMQP sources are in
+    /// `amqp`).
     pub sources: Vec<SourceSpec>,
     /// `[amqp]`, AMQP sources and AMQP handlers, by broker. Take it out
     /// (`std::mem::take`) before [`into_builder`](Self::into_builder) to
     /// start its connections once the engine is built.
     pub amqp: AmqpPlan,
-    /// Retention windows.
+    /// `[retention]`: how long payloads and dedup rows are kept.
     pub retention: Retention,
-    /// Alert thresholds.
+    /// `[alerts]`: the thresholds maintenance evaluates.
     pub alerts: AlertRules,
     /// Where alert transitions are POSTed (`[alerts] notify`).
     pub alert_notify: Option<AlertNotify>,
