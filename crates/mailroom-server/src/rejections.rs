@@ -31,9 +31,13 @@ pub(crate) enum Class {
     /// the HTTPS port, no shared protocol version or cipher) or did not end
     /// within the handshake deadline: the connection was closed.
     TlsHandshake,
+    /// Refused for where it came from (403: a foreign `Origin`, a wrong
+    /// CSRF token) or where it was sent (421: a foreign `Host` without
+    /// `api_token`).
+    Forbidden,
 }
 
-const CLASSES: usize = 7;
+const CLASSES: usize = 8;
 
 impl Class {
     fn index(self) -> usize {
@@ -50,6 +54,7 @@ impl Class {
             Class::BadRequest => "bad_request",
             Class::Unauthorized => "unauthorized",
             Class::TlsHandshake => "tls_handshake",
+            Class::Forbidden => "forbidden",
         }
     }
 
@@ -58,6 +63,7 @@ impl Class {
         match status {
             StatusCode::BAD_REQUEST => Some(Class::BadRequest),
             StatusCode::UNAUTHORIZED => Some(Class::Unauthorized),
+            StatusCode::FORBIDDEN | StatusCode::MISDIRECTED_REQUEST => Some(Class::Forbidden),
             StatusCode::REQUEST_TIMEOUT => Some(Class::BodyTimeout),
             StatusCode::PAYLOAD_TOO_LARGE => Some(Class::TooLarge),
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => Some(Class::Malformed),

@@ -3,8 +3,12 @@
 //! (with a length and chunked), malformed JSON to `/v1/events`, invalid
 //! UTF-8 in a header value and in a header name, a flood of bad
 //! signatures, huge numbers of seconds for a pull worker's lease and retry
-//! (claim, nack, extend), and control characters in an event's key and
-//! type, while a well-behaved client sends signed webhooks throughout.
+//! (claim, nack, extend), control characters in an event's key and type,
+//! and cross-site writes (a foreign `Origin` asking to cancel every event,
+//! a foreign `Host` as DNS rebinding sends) against this token-less
+//! instance, while a well-behaved client sends signed webhooks throughout;
+//! then a login flood against a second instance with `api_token`
+//! ([`login`]).
 //!
 //! Then unsigned posts to undeclared sources named after configured topics
 //! (`reports`, a topic with no source of its name), directly and with a
@@ -23,6 +27,7 @@
 
 mod attacks;
 mod good;
+mod login;
 
 use super::World;
 use crate::backend::Backend;
@@ -63,6 +68,8 @@ const EXPECTED: &[(&str, &[&str], &str)] = &[
     ("huge lease on extend", &["400"], "bad_request"),
     ("control characters in key", &["400"], "bad_request"),
     ("control characters in type", &["400"], "bad_request"),
+    ("cross-site write", &["403"], "forbidden"),
+    ("foreign host", &["421"], "forbidden"),
 ];
 
 pub fn applies(b: &Backend) -> bool {
@@ -151,6 +158,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     serve.wait_exit(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&Expect::default()).await?;
     let mut report = Report::new("hostile", backend.name(), &record, verdict);
+    login::run(world.dir.path(), &mut report).await?;
     let answers = tally.snapshot();
     report.sent += answers.values().sum::<u64>();
     judge_answers(&answers, scale.attack, &mut report);
@@ -248,6 +256,30 @@ fn floods(base: &str, s: &Scale) -> anyhow::Result<Vec<Flood>> {
             bodies: bodies(4 * MAX_BODY),
             per_sec: 20.0,
             workers: 4,
+        },
+        // Had one cancel passed, the well-behaved events it caught would
+        // never be processed: the check counts them lost.
+        Flood {
+            class: "cross-site write",
+            url: format!("{base}/v1/cancel"),
+            headers: vec![
+                ("origin".into(), "https://evil.example".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            bodies: vec![bytes::Bytes::from_static(br#"{"all": true}"#)],
+            per_sec: 20.0,
+            workers: 2,
+        },
+        Flood {
+            class: "foreign host",
+            url: format!("{base}/v1/cancel"),
+            headers: vec![
+                ("host".into(), "rebind.evil.example".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            bodies: vec![bytes::Bytes::from_static(br#"{"all": true}"#)],
+            per_sec: 20.0,
+            workers: 2,
         },
         Flood {
             class: "malformed json",
