@@ -97,7 +97,7 @@ pub enum Command {
     },
     /// Configuration tools.
     Config {
-        /// `check`.
+        /// `check` or `schema`.
         #[command(subcommand)]
         command: ConfigCommand,
     },
@@ -154,6 +154,8 @@ pub enum AmqpCommand {
 pub enum ConfigCommand {
     /// Validate the configuration and print what it declares.
     Check,
+    /// Print the JSON Schema (draft 2020-12) of the configuration file, for editors (taplo's `#:schema`) and checks; reads no configuration.
+    Schema,
 }
 
 /// The whole command line, as `mailroom --help` describes it.

@@ -3,13 +3,14 @@
 //! consts of the spec types), so a default has one home.
 
 use mailroom::{Retention, RetryPolicy, TopicSpec, duration};
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Address of the HTTP listener.
@@ -19,8 +20,8 @@ pub struct Config {
     #[serde(default)]
     pub api_token: Option<OneOrMany>,
     /// Accept webhooks for sources the file does not declare. Unset: only
-    /// the quick start (no config file) on a loopback listener does; see
-    /// [`Config::accept_undeclared_sources`].
+    /// the quick start (no config file) on a loopback listener does; `true`
+    /// is refused with a listener that is not loopback.
     #[serde(default)]
     pub accept_undeclared_sources: Option<bool>,
     /// With `api_token` set, `/metrics` and the detail of `/readyz` need
@@ -89,7 +90,7 @@ impl Default for Config {
 }
 
 /// One string, or a list (for secrets and tokens under rotation).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(untagged)]
 pub enum OneOrMany {
     /// A single value.
@@ -113,7 +114,7 @@ impl OneOrMany {
 
 /// `[tls]`: the listener serves HTTPS with this certificate; `SIGHUP`
 /// re-reads both files.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate, followed by its chain if any.
@@ -123,7 +124,7 @@ pub struct TlsConfig {
 }
 
 /// `[store]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// `sqlite://mailroom.db` (default) or `postgres://user@host/db`.
@@ -146,8 +147,9 @@ pub struct StoreConfig {
 }
 
 /// `[store] migrate`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[schemars(transform = crate::schema::or_interpolated)]
 pub enum MigrateMode {
     /// Every verb applies the missing migrations when it opens the store.
     #[default]
@@ -176,18 +178,21 @@ impl Default for StoreConfig {
     }
 }
 
-/// `[retention]`; unset keys keep [`Retention::default`].
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// `[retention]`; unset keys keep their defaults.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetentionConfig {
     /// Payloads of done events are dropped after this.
     #[serde(with = "duration::serde_str")]
+    #[schemars(with = "crate::schema::DurationText")]
     pub done: Duration,
     /// Payloads of dead events are dropped after this.
     #[serde(with = "duration::serde_str")]
+    #[schemars(with = "crate::schema::DurationText")]
     pub dead: Duration,
     /// Rows (and so dedup keys) are kept at least this long.
     #[serde(with = "duration::serde_str")]
+    #[schemars(with = "crate::schema::DurationText")]
     pub dedup: Duration,
 }
 
@@ -198,9 +203,8 @@ impl Default for RetentionConfig {
     }
 }
 
-/// `[alerts]`: thresholds evaluated continuously (see
-/// [`AlertRules`](mailroom::AlertRules) for what each one measures).
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `[alerts]`: thresholds evaluated continuously, per topic.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AlertsConfig {
     /// Dead events per topic.
@@ -211,6 +215,7 @@ pub struct AlertsConfig {
     pub failure_rate: Option<f64>,
     /// p95 attempt duration in the last 5 minutes, or the longest running one.
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub processing_time: Option<Duration>,
     /// `notify = { http = { url, secret } }`: where each alert's start and
     /// end is POSTed.
@@ -218,7 +223,7 @@ pub struct AlertsConfig {
 }
 
 /// `[alerts] notify = { http = {...} }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AlertNotifyConfig {
     /// A signed POST per transition.
@@ -226,7 +231,7 @@ pub struct AlertNotifyConfig {
 }
 
 /// `notify = { http = { url, secret, timeout } }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AlertHttpConfig {
     /// Receiver URL (http or https).
@@ -235,12 +240,13 @@ pub struct AlertHttpConfig {
     pub secret: Option<String>,
     /// Per-request timeout (default 10s).
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub timeout: Option<Duration>,
 }
 
 /// `[telemetry]`: spans of intake, attempts and handler calls,
 /// exported over OTLP/HTTP (protobuf) when `otlp_endpoint` is set.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// The collector's OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318`;
@@ -252,7 +258,7 @@ pub struct TelemetryConfig {
 
 /// `[limits]`: protections of the HTTP listener. Unset keys keep the
 /// server's documented defaults.
-#[derive(Debug, Clone, Copy, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Requests handled at once; more get 503 + `Retry-After` (default 1024).
@@ -261,12 +267,15 @@ pub struct LimitsConfig {
     pub max_connections: Option<usize>,
     /// Time to send the request line and headers (default 10s).
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub header_read_timeout: Option<Duration>,
     /// Time to send the whole body (default 10s); then 408.
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub body_read_timeout: Option<Duration>,
     /// With `[tls]`: time to finish the TLS handshake (default 10s).
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub tls_handshake_timeout: Option<Duration>,
     /// Headers per request (default 100); more get 431.
     pub max_headers: Option<usize>,
@@ -277,7 +286,7 @@ pub struct LimitsConfig {
 }
 
 /// Where a value lives in a request: a header or a JSON pointer into the body.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct FieldConfig {
     /// Header name.
@@ -287,7 +296,7 @@ pub struct FieldConfig {
 }
 
 /// `[[source]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// URL segment: `POST /webhooks/{name}`.
@@ -295,6 +304,7 @@ pub struct SourceConfig {
     /// Topic its events go to (default: the source's name).
     pub topic: Option<String>,
     /// Known provider: fills in `verify`, `id` and `type`.
+    #[schemars(with = "Option<crate::schema::PresetName>")]
     pub preset: Option<String>,
     /// Where the dedup key lives.
     pub id: Option<FieldConfig>,
@@ -317,14 +327,16 @@ pub struct SourceConfig {
     pub amqp: Option<AmqpSourceConfig>,
     /// Per-source rate limit, `"<n>/s"`, `"<n>/m"` or `"<n>/h"`, e.g.
     /// `"1000/s"`; requests beyond it get 429 with `Retry-After`.
+    #[schemars(with = "Option<crate::schema::RequestRate>")]
     pub rate_limit: Option<String>,
 }
 
 /// `verify = { scheme, secret | secrets, header, prefix, encoding, tolerance }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VerifyConfig {
     /// `standard-webhooks`, `stripe`, `github`, `shopify`, `slack`, `token`, `hmac`.
+    #[schemars(with = "Option<crate::schema::SchemeName>")]
     pub scheme: Option<String>,
     /// One secret.
     pub secret: Option<String>,
@@ -335,14 +347,16 @@ pub struct VerifyConfig {
     /// Signature prefix (hmac), e.g. `sha256=`.
     pub prefix: Option<String>,
     /// `hex` or `base64` (hmac).
+    #[schemars(with = "Option<crate::schema::EncodingName>")]
     pub encoding: Option<String>,
     /// Timestamp tolerance, default 5m.
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub tolerance: Option<Duration>,
 }
 
 /// A byte size: an integer, or a string like `"1MiB"`, `"512KiB"`, `"2MB"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ByteSize(pub u64);
 
 impl<'de> Deserialize<'de> for ByteSize {
@@ -381,7 +395,7 @@ fn parse_size(s: &str) -> Option<u64> {
 }
 
 /// `[[topic]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopicConfig {
     /// Topic name.
@@ -407,25 +421,30 @@ pub struct TopicConfig {
     pub retry: RetryConfig,
     /// Bound on each attempt (default 30s).
     #[serde(default = "default_timeout", with = "duration::serde_str")]
+    #[schemars(with = "crate::schema::DurationText")]
     pub timeout: Duration,
     /// Lease length (default timeout + 5s).
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub lease: Option<Duration>,
     /// Batch settings.
     pub batch: Option<BatchConfig>,
     /// At most this many attempts started per second, minute or hour
     /// (`"50/s"`, `"100/m"`, `"3/h"`), across instances on PostgreSQL.
+    #[schemars(with = "Option<crate::schema::TopicRate>")]
     pub rate: Option<String>,
     /// At most this many events running at once, across instances.
     pub max_running: Option<u32>,
     /// A pending event older than this is not run but `expired`.
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub expire_after: Option<Duration>,
     /// The starvation bound of priorities (default 5m).
     #[serde(
         default = "default_max_wait_for_priority",
         with = "duration::serde_str"
     )]
+    #[schemars(with = "crate::schema::DurationText")]
     pub max_wait_for_priority: Duration,
     /// What processes the events; none means pull workers.
     pub handler: Option<HandlerConfig>,
@@ -442,8 +461,9 @@ fn default_max_wait_for_priority() -> Duration {
 }
 
 /// Processing mode names.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
+#[schemars(transform = crate::schema::or_interpolated)]
 pub enum ModeName {
     /// Independent events.
     #[default]
@@ -455,8 +475,9 @@ pub enum ModeName {
 }
 
 /// `on_dead` names.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
+#[schemars(transform = crate::schema::or_interpolated)]
 pub enum OnDeadName {
     /// Keep the key blocked.
     #[default]
@@ -466,23 +487,26 @@ pub enum OnDeadName {
 }
 
 /// `retry = { max_attempts, base, factor, max_delay, jitter }` or
-/// `{ schedule = [...] }`; unset keys keep [`RetryPolicy`]'s defaults.
-#[derive(Debug, Clone, Deserialize)]
+/// `{ schedule = [...] }`; unset keys keep their defaults.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
     /// Attempts before `dead` (default 15).
     pub max_attempts: u32,
     /// First delay (default 2s).
     #[serde(with = "duration::serde_str")]
+    #[schemars(with = "crate::schema::DurationText")]
     pub base: Duration,
     /// Growth (default 2.0).
     pub factor: f64,
     /// Cap (default 1h).
     #[serde(with = "duration::serde_str")]
+    #[schemars(with = "crate::schema::DurationText")]
     pub max_delay: Duration,
     /// ± share (default 0.2).
     pub jitter: f64,
     /// Explicit delays instead of exponential growth.
+    #[schemars(with = "Option<Vec<crate::schema::DurationText>>")]
     pub schedule: Option<Vec<String>>,
 }
 
@@ -500,13 +524,14 @@ impl Default for RetryConfig {
 }
 
 /// `batch = { max_size, max_wait, schedule, group_by }`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchConfig {
     /// Flush at this many events (default 100).
     pub max_size: Option<u32>,
     /// Flush when the oldest waited this long (default 1s).
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub max_wait: Option<Duration>,
     /// Cron schedule (UTC).
     pub schedule: Option<String>,
@@ -515,7 +540,7 @@ pub struct BatchConfig {
 }
 
 /// `handler = { http = {...} }`, `{ command = [...] }` (or `{ command = { argv = [...], env = [...] } }`), `{ amqp = {...} }` or `{ pull = true }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HandlerConfig {
     /// POST to an endpoint.
@@ -529,7 +554,7 @@ pub struct HandlerConfig {
 }
 
 /// `command = ["prog", "arg"]` or `command = { argv = ["prog", "arg"], env = ["NAME"] }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum CommandConfig {
     /// The program and its arguments.
@@ -540,7 +565,7 @@ pub enum CommandConfig {
 }
 
 /// `command = { argv, env }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommandTable {
     /// The program and its arguments.
@@ -570,13 +595,14 @@ impl CommandConfig {
 
 /// `http = { url, timeout, secret, headers, permanent_statuses, ca_file,
 /// client_cert, client_key }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpHandlerConfig {
     /// Endpoint URL.
     pub url: String,
     /// Per-request timeout (default: the topic's).
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub timeout: Option<Duration>,
     /// Standard Webhooks signing secret (`whsec_<base64>`, or any string).
     pub secret: Option<String>,
@@ -595,7 +621,7 @@ pub struct HttpHandlerConfig {
 
 /// `[amqp]`: exchanges, queues and bindings declared at `url` when `serve`
 /// starts, after every reconnect, and by `mailroom amqp declare`.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpConfig {
     /// Broker the topology is declared on; also the default `url` of AMQP
@@ -613,12 +639,13 @@ pub struct AmqpConfig {
 }
 
 /// `[[amqp.exchange]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpExchangeConfig {
     /// Its name.
     pub name: String,
     /// `topic`, `direct`, `fanout` or `headers`.
+    #[schemars(with = "crate::schema::ExchangeKind")]
     pub kind: String,
     /// Survives a broker restart (default true).
     #[serde(default = "yes")]
@@ -626,7 +653,7 @@ pub struct AmqpExchangeConfig {
 }
 
 /// `[[amqp.queue]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpQueueConfig {
     /// Its name.
@@ -636,6 +663,7 @@ pub struct AmqpQueueConfig {
     pub durable: bool,
     /// Message TTL (`x-message-ttl`), e.g. `"7d"`.
     #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
     pub ttl: Option<Duration>,
     /// Most ready messages kept (`x-max-length`).
     pub max_length: Option<u64>,
@@ -648,7 +676,7 @@ pub struct AmqpQueueConfig {
 }
 
 /// One binding, or several.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum AmqpBinds {
     /// `bind = { exchange, routing_key }`.
@@ -668,7 +696,7 @@ impl AmqpBinds {
 }
 
 /// `bind = { exchange, routing_key }` of a queue.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpBindConfig {
     /// The exchange.
@@ -679,7 +707,7 @@ pub struct AmqpBindConfig {
 }
 
 /// `[[amqp.binding]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpBindingConfig {
     /// A queue of `[[amqp.queue]]`.
@@ -692,7 +720,7 @@ pub struct AmqpBindingConfig {
 }
 
 /// `amqp = { url, queue, prefetch }` of a `[[source]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSourceConfig {
     /// Broker (default: `[amqp].url`).
@@ -709,7 +737,7 @@ fn default_prefetch() -> u16 {
 }
 
 /// `amqp = { url, exchange, routing_key, envelope }` of a topic's handler.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpHandlerConfig {
     /// Broker (default: `[amqp].url`).

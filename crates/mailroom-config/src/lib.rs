@@ -11,6 +11,9 @@
 //!    alerts) and built-in handlers, then [`Topology::into_builder`] an
 //!    [`mailroom::EngineBuilder`].
 //!
+//! [`schema::schema`] is the file's JSON Schema, derived from the same
+//! types (`mailroom config schema` prints it).
+//!
 //! Every error ([`ConfigError`]) names the file, the key path
 //! (`topic[0].retry.base`) and what is wrong; `serve` refuses to start on
 //! any of them.
@@ -30,6 +33,7 @@ mod error;
 pub mod file;
 mod handler;
 mod load;
+pub mod schema;
 mod source;
 mod topic;
 mod topology;

@@ -1,5 +1,6 @@
 //! `mailroom config check`: validate the configuration without a store and
-//! print what it declares.
+//! print what it declares. `mailroom config schema`: print the file's JSON
+//! Schema.
 
 use super::load_config;
 use crate::{Cli, ConfigCommand};
@@ -11,6 +12,11 @@ use mailroom_config::{AmqpPlan, Config, Topology};
 pub(super) fn run(cli: &Cli, command: &ConfigCommand, json: bool) -> Result<()> {
     match command {
         ConfigCommand::Check => check(cli, json),
+        ConfigCommand::Schema => {
+            let schema = serde_json::to_string_pretty(&mailroom_config::schema::schema())?;
+            outln!("{schema}");
+            Ok(())
+        }
     }
 }
 

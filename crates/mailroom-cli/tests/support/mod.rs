@@ -225,11 +225,36 @@ pub fn run_mailroom(
     )
 }
 
-/// Writes `mailroom.toml` into `dir` and returns its path.
+/// Writes `mailroom.toml` into `dir` and returns its path. A configuration
+/// the loader accepts must also validate against the file's JSON Schema
+/// (`mailroom config schema`), so every test's configuration checks it.
 pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    schema_accepts_what_loads(text);
     let path = dir.join("mailroom.toml");
     std::fs::write(&path, text).expect("write config");
     path
+}
+
+/// Panics when the loader accepts `text` (every `${VAR}` set) and the
+/// schema refuses it. Files the loader refuses (the error-path tests) are
+/// left to the loader's own messages.
+fn schema_accepts_what_loads(text: &str) {
+    let any = |_: &str| Some("x".to_owned());
+    if mailroom_config::Config::from_toml("mailroom.toml", text, &any).is_err() {
+        return;
+    }
+    let schema = mailroom_config::schema::schema();
+    let validator = jsonschema::draft202012::new(&schema).expect("the schema compiles");
+    let table: toml::Table = toml::from_str(text).expect("TOML the loader read");
+    let instance = serde_json::to_value(table).expect("JSON");
+    let errors: Vec<String> = validator
+        .iter_errors(&instance)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "the configuration schema refuses a file the loader accepts: {errors:#?}\n{text}"
+    );
 }
 
 /// One delivery as the receiver saw it.
