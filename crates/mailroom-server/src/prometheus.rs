@@ -23,10 +23,12 @@ pub fn builder() -> Result<PrometheusBuilder, BuildError> {
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &DURATION_BUCKETS)
 }
 
-/// Installs the process-wide recorder, runs its upkeep until `shutdown`
+/// Installs the process-wide recorder with every metric's help text
+/// ([`mailroom::metrics::describe`]), runs its upkeep until `shutdown`
 /// (on the current Tokio runtime), and returns what renders `/metrics`.
 pub fn install(shutdown: CancellationToken) -> Result<MetricsRenderer, BuildError> {
     let handle = builder()?.install_recorder()?;
+    mailroom::metrics::describe();
     tokio::spawn(upkeep(handle.clone(), shutdown));
     Ok(Arc::new(move || handle.render()))
 }
@@ -43,6 +45,7 @@ async fn upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mailroom::metrics::Kind;
 
     /// A `_seconds` histogram renders as a Prometheus histogram with every
     /// bucket from 1 ms to 60 s; another histogram name is untouched.
@@ -64,5 +67,31 @@ mod tests {
         }
         assert_eq!(DURATION_BUCKETS.first(), Some(&0.001));
         assert_eq!(DURATION_BUCKETS.last(), Some(&60.0));
+    }
+
+    /// Every metric of the table is exported with its type and its help
+    /// text on one `# HELP` line, once described.
+    #[test]
+    fn described_metrics_carry_their_help_and_type() {
+        let recorder = builder().expect("builder").build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            mailroom::metrics::describe();
+            for m in mailroom::metrics::ALL {
+                let labels: Vec<(&str, &str)> = m.labels.iter().map(|l| (*l, "x")).collect();
+                match m.kind {
+                    Kind::Counter => metrics::counter!(m.name, &labels).increment(1),
+                    Kind::Gauge => metrics::gauge!(m.name, &labels).set(1.0),
+                    Kind::Histogram => metrics::histogram!(m.name, &labels).record(0.5),
+                }
+            }
+        });
+        let text = handle.render();
+        for m in mailroom::metrics::ALL {
+            let help = format!("# HELP {} {}\n", m.name, m.help_line());
+            assert!(text.contains(&help), "{help} missing in {text}");
+            let kind = format!("# TYPE {} {}\n", m.name, m.kind.as_str());
+            assert!(text.contains(&kind), "{kind} missing in {text}");
+        }
     }
 }
