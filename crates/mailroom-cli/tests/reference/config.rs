@@ -55,8 +55,15 @@ pub fn render() -> String {
         } else {
             &defs[&section.def]
         };
-        if let Some(d) = def["description"].as_str() {
-            out.push_str(&format!("{}\n\n", one_line(&plain_links(d))));
+        // A description that only repeats the heading (`[[topic]]`.) is left out.
+        let description = def["description"]
+            .as_str()
+            .map(|d| one_line(&plain_links(d)));
+        if let Some(d) = description.filter(|d| {
+            let bare = d.trim_end_matches('.');
+            !section.places.iter().any(|p| bare == format!("`{p}`"))
+        }) {
+            out.push_str(&format!("{d}\n\n"));
         }
         keys(&mut out, def, &defs);
     }
