@@ -151,6 +151,9 @@ if $run_doc; then
   ((rc != 0)) || rc=$doc_rc
 fi
 
+# schemathesis against a running `mailroom serve` and its /openapi.json.
+((${#scope[@]} == 0)) || { section "scripts/openapi-check.sh"; "$REPO_ROOT/scripts/openapi-check.sh" || { r=$?; ((rc != 0)) || rc=$r; }; }
+
 # The fault matrix attacks the real binary (kill -9, a full disk, hung and
 # poisoned handlers, duplicate storms, SIGTERM, a three-instance cluster) and
 # fails if anything acknowledged is lost or processed twice at once.

@@ -1,13 +1,20 @@
 //! `/v1`: read and operate on stored events.
 
 use crate::AppState;
+use crate::formats;
 use crate::problem::Problem;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use mailroom::answer::{CancelReport, EventList, EventObject, StatsAnswer};
-use mailroom::{KeyCursor, ListFilter, ReplayReport, Status};
+use mailroom::{KeyCursor, ListFilter, ReplayReport, Status, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::borrow::Cow;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{
+    AllOfBuilder, AnyOfBuilder, ObjectBuilder, OneOfBuilder, Schema, Type,
+};
+use utoipa::{PartialSchema, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -36,11 +43,16 @@ pub struct ListQuery {
     status: Option<String>,
     /// Only this key's events.
     key: Option<String>,
-    /// Page size, 1..=1000 (default 100).
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
     /// `next_cursor` of the previous page.
+    #[param(value_type = Option<uuid::Uuid>)]
     cursor: Option<String>,
 }
+
+/// The largest page.
+const MAX_LIMIT: u32 = 1000;
 
 fn filter_from(q: ListQuery) -> Result<ListFilter, Problem> {
     Ok(ListFilter {
@@ -50,13 +62,20 @@ fn filter_from(q: ListQuery) -> Result<ListFilter, Problem> {
             .map(|s| s.parse::<Status>().map_err(Problem::bad_request))
             .transpose()?,
         key: q.key,
-        limit: q.limit.unwrap_or(100).clamp(1, 1000),
+        limit: match q.limit.unwrap_or(100) {
+            n @ 1..=MAX_LIMIT => n,
+            _ => {
+                return Err(Problem::bad_request(format!(
+                    "limit must be between 1 and {MAX_LIMIT}"
+                )));
+            }
+        },
         cursor: q
             .cursor
             .map(|c| {
-                c.parse()
-                    .map(KeyCursor)
-                    .map_err(|_| Problem::bad_request("invalid cursor"))
+                formats::event_id(&c).map(KeyCursor).map_err(|_| {
+                    Problem::bad_request("invalid cursor: a next_cursor is an event id")
+                })
             })
             .transpose()?,
     })
@@ -64,49 +83,60 @@ fn filter_from(q: ListQuery) -> Result<ListFilter, Problem> {
 
 /// Lists events, newest first, one page at a time.
 #[utoipa::path(get, path = "/events", tag = "events", params(ListQuery),
-    responses((status = 200, description = "One page of events", body = EventList)))]
+    responses((status = 200, description = "One page of events", body = EventList),
+        (status = 400, description = "A parameter outside its format or range", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "The cursor names no stored event (purged since, or never one)", body = crate::problem::ProblemBody, content_type = "application/problem+json")))]
 async fn list(
     State(s): State<AppState>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, Problem> {
-    let page = s.engine.list(&filter_from(q)?).await?;
+    let Query(q) = q.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let filter = filter_from(q)?;
+    let page = match s.engine.list(&filter).await {
+        // A cursor is an event id: one that names no stored event (never
+        // stored, or purged since) is a resource that is not there.
+        Err(StoreError::Invalid(m)) if filter.cursor.is_some() => {
+            return Err(Problem::not_found(m));
+        }
+        other => other?,
+    };
     Ok(Json(json!(EventList::new(&page))))
 }
 
 /// One event with its attempt history.
-#[utoipa::path(get, path = "/events/{id}", tag = "events", params(("id" = String, Path, description = "Event id")),
+#[utoipa::path(get, path = "/events/{id}", tag = "events", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The event with `history`", body = EventObject)))]
 async fn show(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s
         .engine
-        .get(id.parse()?)
+        .get(formats::event_id(&id)?)
         .await?
         .ok_or_else(|| Problem::not_found("no such event"))?;
     Ok(Json(json!(EventObject::full(&event))))
 }
 
 /// Sends an event back to `pending` with a fresh attempt budget.
-#[utoipa::path(post, path = "/events/{id}/replay", tag = "operator", params(("id" = String, Path, description = "Event id")),
+#[utoipa::path(post, path = "/events/{id}/replay", tag = "operator", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The replayed event", body = EventObject)))]
 async fn replay(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
-    let event = s.engine.replay(id.parse()?).await?;
+    let event = s.engine.replay(formats::event_id(&id)?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
 /// Marks a dead head `skipped`, so its key unblocks.
-#[utoipa::path(post, path = "/events/{id}/skip", tag = "operator", params(("id" = String, Path, description = "Event id")),
+#[utoipa::path(post, path = "/events/{id}/skip", tag = "operator", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The skipped event", body = EventObject)))]
 async fn skip(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
-    let event = s.engine.skip(id.parse()?).await?;
+    let event = s.engine.skip(formats::event_id(&id)?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
 /// Withdraws a pending event: it becomes `cancelled` and is not run unless
 /// replayed. A running event, or one already finished, is a 409.
-#[utoipa::path(post, path = "/events/{id}/cancel", tag = "operator", params(("id" = String, Path, description = "Event id")),
+#[utoipa::path(post, path = "/events/{id}/cancel", tag = "operator", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The cancelled event", body = EventObject)))]
 async fn cancel(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
-    let event = s.engine.cancel(id.parse()?).await?;
+    let event = s.engine.cancel(formats::event_id(&id)?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
@@ -128,6 +158,91 @@ pub struct CancelBody {
     dry_run: bool,
 }
 
+/// A bulk body as the document states it: `base` (its fields) with a
+/// `topic`, a `key` or `"all": true` required, as [`require_filter`] checks.
+fn requiring_a_filter(base: RefOr<Schema>, description: &str) -> RefOr<Schema> {
+    let string = |name: &str| {
+        ObjectBuilder::new()
+            .property(name, ObjectBuilder::new().schema_type(Type::String))
+            .required(name)
+    };
+    let all = ObjectBuilder::new()
+        .property(
+            "all",
+            ObjectBuilder::new()
+                .schema_type(Type::Boolean)
+                .enum_values(Some([true])),
+        )
+        .required("all");
+    AllOfBuilder::new()
+        .item(base)
+        .item(
+            AnyOfBuilder::new()
+                .item(string("topic"))
+                .item(string("key"))
+                .item(all),
+        )
+        .description(Some(description))
+        .into()
+}
+
+/// `POST /v1/cancel`'s body in the document: [`CancelBody`] with a filter.
+#[derive(Debug)]
+pub struct CancelRequest;
+
+impl PartialSchema for CancelRequest {
+    fn schema() -> RefOr<Schema> {
+        requiring_a_filter(
+            CancelBody::schema(),
+            "Which pending events to cancel: a `topic` and/or a `key`, or `\"all\": true`.",
+        )
+    }
+}
+
+impl ToSchema for CancelRequest {
+    fn name() -> Cow<'static, str> {
+        "CancelBody".into()
+    }
+}
+
+/// `POST /v1/replay`'s body in the document: [`ReplayBody`] with a filter.
+#[derive(Debug)]
+pub struct ReplayRequest;
+
+impl PartialSchema for ReplayRequest {
+    fn schema() -> RefOr<Schema> {
+        requiring_a_filter(
+            ReplayBody::schema(),
+            "Which events to replay (default: the dead ones): a `topic` and/or a `key`, or `\"all\": true`.",
+        )
+    }
+}
+
+impl ToSchema for ReplayRequest {
+    fn name() -> Cow<'static, str> {
+        "ReplayBody".into()
+    }
+}
+
+/// The statuses a bulk replay may select: every one but `running`.
+fn replayable_status() -> RefOr<Schema> {
+    let names = Status::ALL
+        .iter()
+        .filter(|s| **s != Status::Running)
+        .map(|s| s.as_str());
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(names)),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some(
+            "Events in this status (default `dead`; never `running`).",
+        ))
+        .into()
+}
+
 /// A bulk request without a filter is refused unless it says `"all": true`:
 /// a body lost on the way, or a cross-site form, must not touch every event.
 fn require_filter(
@@ -147,7 +262,7 @@ fn require_filter(
 
 /// Cancels every pending event that matches the filter, or with `dry_run`
 /// counts them. Without `topic` or `key`, `"all": true` is required.
-#[utoipa::path(post, path = "/cancel", tag = "operator", request_body(content = CancelBody),
+#[utoipa::path(post, path = "/cancel", tag = "operator", request_body(content = CancelRequest),
     responses((status = 200, description = "How many matched and were cancelled", body = CancelReport),
         (status = 400, description = "No filter and no `\"all\": true`, or a malformed body", body = crate::problem::ProblemBody, content_type = "application/problem+json")))]
 async fn cancel_matching(
@@ -178,7 +293,7 @@ pub struct ReplayBody {
     /// Only this topic's events.
     topic: Option<String>,
     /// Events in this status (default `dead`; never `running`).
-    #[schema(value_type = Option<Status>)]
+    #[schema(schema_with = replayable_status)]
     status: Option<String>,
     /// Only this key's events.
     key: Option<String>,
@@ -191,7 +306,7 @@ pub struct ReplayBody {
 
 /// Replays every event that matches the filter (default: the dead ones).
 /// Without `topic` or `key`, `"all": true` is required.
-#[utoipa::path(post, path = "/replay", tag = "operator", request_body(content = ReplayBody),
+#[utoipa::path(post, path = "/replay", tag = "operator", request_body(content = ReplayRequest),
     responses((status = 200, description = "How many were replayed", body = ReplayReport),
         (status = 400, description = "No filter and no `\"all\": true`, a malformed body, or status `running`", body = crate::problem::ProblemBody, content_type = "application/problem+json")))]
 async fn replay_matching(

@@ -22,6 +22,7 @@
 //! source an API caller can be told so.
 
 use crate::AppState;
+use crate::formats;
 use crate::limits::read_body;
 use crate::problem::Problem;
 use axum::body::Body;
@@ -49,26 +50,81 @@ pub(crate) struct CreateEvent {
     topic: String,
     /// Event type.
     #[serde(rename = "type")]
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     event_type: Option<String>,
     /// Ordering key (required in sequential topics without a key pointer).
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     key: Option<String>,
     /// Any JSON value but null.
     #[serde(default)]
-    #[schema(value_type = Value, required = true)]
+    #[schema(schema_with = payload_schema, required = true)]
     payload: Option<Value>,
     /// Correlation id.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     correlation_id: Option<String>,
     /// Causation id.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     causation_id: Option<String>,
     /// Not run before this instant (RFC 3339); the event is stored and
     /// acknowledged at once. Not with `delay`.
+    #[schema(value_type = Option<String>, format = DateTime)]
     deliver_at: Option<String>,
     /// Not run before this long after it is stored, on the store's clock
     /// (e.g. `"90s"`, `"3d"`). Not with `deliver_at`.
+    #[schema(schema_with = delay_schema)]
     delay: Option<String>,
     /// Claim order within the topic: higher first (default 0). In a
     /// sequential topic per-key order wins over it.
+    #[serde(default, deserialize_with = "crate::formats::optional_integer")]
     priority: Option<i32>,
+}
+
+/// `payload` in the document: any JSON value but null.
+fn payload_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([
+            Type::Object,
+            Type::Array,
+            Type::String,
+            Type::Number,
+            Type::Boolean,
+        ]))
+        .description(Some("Any JSON value but null."))
+        .build()
+}
+
+/// `delay` in the document: [`formats::DELAY`], or null.
+fn delay_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(formats::DELAY.pattern()))
+                .description(Some(formats::DELAY.describe())),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some(
+            "Not run before this long after it is stored, on the store's clock (e.g. `\"90s\"`, `\"3d\"`). Not with `deliver_at`.",
+        ))
+        .into()
 }
 
 /// (scope, key) pairs whose first request is being committed by this
@@ -121,20 +177,19 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
         .get("idempotency-key")
         .ok_or_else(|| Problem::bad_request("the Idempotency-Key header is required"))?
         .to_str()
-        .map_err(|_| Problem::bad_request("Idempotency-Key must be visible ASCII"))?
-        .trim();
+        .ok()
+        .filter(|k| formats::is_idempotency_key(k))
+        .ok_or_else(|| {
+            Problem::bad_request(format!(
+                "Idempotency-Key must be 1 to {MAX_FIELD_LEN} visible ASCII characters (spaces only inside)"
+            ))
+        })?;
+    // `"abc"` is the key abc; `""` alone is a two-character key.
     let key = raw
         .strip_prefix('"')
         .and_then(|k| k.strip_suffix('"'))
+        .filter(|k| !k.is_empty())
         .unwrap_or(raw);
-    if key.is_empty() {
-        return Err(Problem::bad_request("Idempotency-Key must not be empty"));
-    }
-    if key.len() > MAX_FIELD_LEN {
-        return Err(Problem::bad_request(format!(
-            "Idempotency-Key is longer than {MAX_FIELD_LEN} bytes"
-        )));
-    }
     Ok(key.to_string())
 }
 
@@ -187,11 +242,16 @@ fn created(body: Value, replayed: bool) -> Response {
 /// Stores an event once per `Idempotency-Key`.
 #[utoipa::path(post, path = "/events", tag = "events", request_body = CreateEvent,
     params(
-        ("Idempotency-Key" = String, Header, description = "Makes a retry safe: a repeat with the same body gets the first answer"),
+        ("Idempotency-Key" = String, Header, pattern = "^[!-~](?:[ -~]{0,510}[!-~])?$",
+            description = "Makes a retry safe: a repeat with the same body gets the first answer. 1 to 512 visible ASCII characters, spaces only inside; the draft's quoted form `\"abc\"` is the key `abc`"),
         ("traceparent" = Option<String>, Header, description = "W3C Trace Context: stored with the event and forwarded (as a child) to every handler call; a malformed one is ignored"),
     ),
     responses((status = 201, description = "The event as committed", body = mailroom::answer::EventObject,
-        headers(("idempotent-replayed" = String, description = "`true` on a repeat")))))]
+        headers(("idempotent-replayed" = String, description = "`true` on a repeat"))),
+        (status = 400, description = "No or a malformed Idempotency-Key, a body that is not this schema, or a field the topic's rules refuse", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "A request with this Idempotency-Key is still being processed; see Retry-After", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body exceeds `[limits] api_max_body`", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "This Idempotency-Key was already used with a different request body", body = crate::problem::ProblemBody, content_type = "application/problem+json")))]
 pub(crate) async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -304,7 +364,8 @@ impl CreateEvent {
                 draft = draft.deliver_at(at);
             }
             (None, Some(d)) => {
-                let d = mailroom::duration::parse(&d)
+                let d = formats::DELAY
+                    .parse(&d)
                     .map_err(|e| Problem::bad_request(format!("delay: {e}")))?;
                 draft = draft.delay(d);
             }

@@ -29,6 +29,7 @@
 pub mod api;
 mod auth;
 mod dashboard;
+pub mod formats;
 mod idempotency;
 pub mod limits;
 mod openapi;
@@ -122,19 +123,34 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
         state.options.limits.rejection_log_every,
     ));
     let (routes, api) = documented_routes(state.clone()).split_for_parts();
-    let api = api.merge_from(dashboard::Doc::openapi());
+    let mut api = openapi::finish(
+        api.merge_from(dashboard::Doc::openapi()),
+        !state.options.api_tokens.is_empty(),
+    );
+    let topics: Vec<(String, bool)> = state
+        .engine
+        .topics()
+        .map(|t| {
+            let sequential = matches!(t.mode, mailroom::Mode::Sequential { .. });
+            let needs_key = sequential && t.default_key.is_none() && t.key.is_none();
+            (t.name.clone(), needs_key)
+        })
+        .collect();
+    openapi::constrain_create_event(&mut api, &topics);
     let routes = routes
         .merge(dashboard::routes(state.clone()))
-        .layer(Extension(openapi::Document::new(&openapi::finish(api))))
+        .layer(Extension(openapi::Document::new(&api)))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::local_only,
         ))
         .with_state(state);
-    limits::shed_beyond(routes, max_in_flight).layer(axum::middleware::from_fn_with_state(
-        rejected,
-        rejections::note_answers,
-    ))
+    limits::shed_beyond(routes, max_in_flight)
+        .layer(axum::middleware::from_fn(problem::errors_as_problems))
+        .layer(axum::middleware::from_fn_with_state(
+            rejected,
+            rejections::note_answers,
+        ))
 }
 
 /// Every route, each documented by its handler's `#[utoipa::path]`; the

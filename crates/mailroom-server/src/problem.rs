@@ -1,8 +1,11 @@
 //! The one HTTP error type: RFC 9457 `application/problem+json`. Inner
 //! causes are logged, never leaked beyond what the client needs.
 
+use axum::extract::Request;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
+use http_body_util::BodyExt;
 use mailroom::intake::IntakeError;
 use mailroom::{ClaimError, ParseEventIdError, Refused, StoreError};
 
@@ -95,6 +98,54 @@ impl IntoResponse for Problem {
         resp
     }
 }
+
+/// Every error answer as problem+json: axum's own refusals (a body that is
+/// not JSON or lacks `Content-Type: application/json`, a query or path that
+/// does not decode, an unknown path, a method the route does not serve)
+/// come as plain text or empty; they are answered with the same status and
+/// headers (`Allow` on a 405), their text as the detail. HTML error pages
+/// (the dashboard's) are left as they are.
+pub(crate) async fn errors_as_problems(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let plain = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|ct| ct.starts_with("text/plain"));
+    if !plain {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = match http_body_util::Limited::new(body, MAX_REJECTION_TEXT)
+        .collect()
+        .await
+    {
+        Ok(bytes) => String::from_utf8_lossy(&bytes.to_bytes())
+            .trim()
+            .to_string(),
+        Err(_) => String::new(),
+    };
+    let title = status.canonical_reason().unwrap_or("Error");
+    let detail = if text.is_empty() {
+        title.to_string()
+    } else {
+        text
+    };
+    let mut problem = Problem::new(status, title, detail).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            problem.headers_mut().append(name, value.clone());
+        }
+    }
+    problem
+}
+
+/// The most of a refusal's text kept as a problem's detail.
+const MAX_REJECTION_TEXT: usize = 4096;
 
 impl From<StoreError> for Problem {
     fn from(e: StoreError) -> Self {

@@ -4,15 +4,18 @@
 //! was rescued or handed to someone else) is refused with 409.
 
 use crate::AppState;
+use crate::formats;
 use crate::problem::Problem;
 use axum::Json;
 use axum::extract::{Path, State};
 use jiff::Timestamp;
 use mailroom::answer::ClaimObject;
-use mailroom::{EventId, FencingToken, Outcome, duration};
+use mailroom::{EventId, FencingToken, Outcome};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -20,6 +23,8 @@ use utoipa_axum::routes;
 pub const MAX_CLAIM: u32 = 1000;
 /// Longest lease a worker may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+/// Longest worker name, in characters.
+const MAX_WORKER_CHARS: usize = 128;
 
 /// The pull routes under `/v1` (auth is layered by the caller).
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -30,15 +35,42 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(extend))
 }
 
-/// A lease given as `"30s"` or as seconds.
-#[derive(Debug, Deserialize, ToSchema)]
+/// A lease or retry delay given as seconds (`30`, `0.5`) or as text
+/// (`"30s"`, `"500ms"`): [`formats::LEASE`], 1ms to 1h.
+#[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum LeaseArg {
-    /// Seconds, more than 0.
+    /// Seconds.
     Secs(f64),
-    /// A duration: `"100ms"`, `"30s"`, `"5m"`.
+    /// A duration in [`formats::LEASE`]'s format.
     Text(String),
 }
+
+impl utoipa::PartialSchema for LeaseArg {
+    fn schema() -> RefOr<Schema> {
+        let (min, max) = (MIN_LEASE.as_secs_f64(), MAX_LEASE.as_secs_f64());
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Number)
+                    .minimum(Some(min))
+                    .maximum(Some(max))
+                    .description(Some(format!("Seconds, from {min} (1ms) to {max} (1h)."))),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(formats::LEASE.pattern()))
+                    .description(Some(formats::LEASE.describe())),
+            )
+            .description(Some(
+                "A duration from 1ms to 1h: seconds as a number (`30`, `0.5`), or text (`\"30s\"`, `\"500ms\"`).",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for LeaseArg {}
 
 /// The answer to a claim.
 #[derive(Debug, Serialize, ToSchema)]
@@ -74,21 +106,21 @@ impl LeaseArg {
     /// The duration `field` (`lease`, `retry_in`) asks for, 1ms to 1h; any
     /// other number or text is a 400 naming the field and the range.
     fn parse(&self, field: &str) -> Result<Duration, Problem> {
-        let out_of_range = || Problem::bad_request(format!("{field} must be between 1ms and 1h"));
-        let d = match self {
+        match self {
             // Checked as a float first: `Duration` cannot hold 1e308 seconds.
-            LeaseArg::Secs(s) if (0.0..=MAX_LEASE.as_secs_f64()).contains(s) => {
-                Duration::try_from_secs_f64(*s).map_err(|_| out_of_range())?
+            // The conversion may round 0.001 a nanosecond below 1ms.
+            LeaseArg::Secs(s)
+                if (MIN_LEASE.as_secs_f64()..=MAX_LEASE.as_secs_f64()).contains(s) =>
+            {
+                Ok(Duration::from_secs_f64(*s).clamp(MIN_LEASE, MAX_LEASE))
             }
-            LeaseArg::Secs(_) => return Err(out_of_range()),
-            LeaseArg::Text(t) => {
-                duration::parse(t).map_err(|e| Problem::bad_request(format!("{field}: {e}")))?
-            }
-        };
-        if !(MIN_LEASE..=MAX_LEASE).contains(&d) {
-            return Err(out_of_range());
+            LeaseArg::Secs(_) => Err(Problem::bad_request(format!(
+                "{field} must be between 1ms and 1h (0.001 to 3600 seconds)"
+            ))),
+            LeaseArg::Text(t) => formats::LEASE
+                .parse(t)
+                .map_err(|e| Problem::bad_request(format!("{field}: {e}"))),
         }
-        Ok(d)
     }
 }
 
@@ -96,11 +128,15 @@ impl LeaseArg {
 #[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ClaimBody {
-    /// Most events to claim, 1..=1000 (default 1).
+    /// Most events to claim, 1 to 1000 (default 1).
+    #[serde(default, deserialize_with = "formats::optional_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     max: Option<u32>,
-    /// Lease length, at most 1h (default: the topic's lease).
+    /// Lease length, 1ms to 1h (default: the topic's lease).
     lease: Option<LeaseArg>,
-    /// Worker name shown in the history (default `pull`).
+    /// Worker name shown in the history, 1 to 128 characters (default
+    /// `pull`).
+    #[schema(min_length = 1, max_length = 128)]
     worker: Option<String>,
 }
 
@@ -112,15 +148,26 @@ struct ClaimBody {
 async fn claim(
     State(s): State<AppState>,
     Path(topic): Path<String>,
-    body: Option<Json<ClaimBody>>,
+    body: Option<Json<Option<ClaimBody>>>,
 ) -> Result<axum::response::Response, Problem> {
-    let b = body.map(|Json(b)| b).unwrap_or_default();
+    // No body, or `null`: every default.
+    let b = body.and_then(|Json(b)| b).unwrap_or_default();
     let lease = b.lease.as_ref().map(|l| l.parse("lease")).transpose()?;
-    let worker = b
-        .worker
-        .filter(|w| !w.is_empty() && w.len() <= 128)
-        .unwrap_or_else(|| "pull".into());
-    let max = b.max.unwrap_or(1).clamp(1, MAX_CLAIM);
+    let worker = match b.worker {
+        None => "pull".to_string(),
+        Some(w) if (1..=MAX_WORKER_CHARS).contains(&w.chars().count()) => w,
+        Some(_) => {
+            return Err(Problem::bad_request(format!(
+                "worker must be 1 to {MAX_WORKER_CHARS} characters"
+            )));
+        }
+    };
+    let max = b.max.unwrap_or(1);
+    if !(1..=MAX_CLAIM).contains(&max) {
+        return Err(Problem::bad_request(format!(
+            "max must be between 1 and {MAX_CLAIM}"
+        )));
+    }
     let claimed = s.engine.claim(&topic, max, lease, &worker).await?;
     let events = claimed.iter().map(ClaimObject::new).collect();
     Ok(axum::response::IntoResponse::into_response(Json(
@@ -133,19 +180,21 @@ async fn claim(
 #[serde(deny_unknown_fields)]
 struct AckBody {
     /// The claim's fencing token.
+    #[serde(deserialize_with = "formats::integer")]
+    #[schema(format = Int64, minimum = 0, maximum = 4294967295_u32)]
     token: u32,
 }
 
 /// Finishes a claim: the event is done.
 #[utoipa::path(post, path = "/events/{id}/ack", tag = "pull",
-    params(("id" = String, Path, description = "Event id")), request_body = AckBody,
+    params(("id" = uuid::Uuid, Path, description = "Event id")), request_body = AckBody,
     responses((status = 200, description = "The event is done", body = FinishAnswer)))]
 async fn ack(
     State(s): State<AppState>,
     Path(id): Path<String>,
     Json(b): Json<AckBody>,
 ) -> Result<Json<FinishAnswer>, Problem> {
-    let id: EventId = id.parse()?;
+    let id: EventId = formats::event_id(&id)?;
     s.engine
         .finish_claim(id, FencingToken(b.token), Outcome::Success)
         .await?;
@@ -160,6 +209,8 @@ async fn ack(
 #[serde(deny_unknown_fields)]
 struct NackBody {
     /// The claim's fencing token.
+    #[serde(deserialize_with = "formats::integer")]
+    #[schema(format = Int64, minimum = 0, maximum = 4294967295_u32)]
     token: u32,
     /// Error text for the history (at most 4096 characters are kept).
     error: Option<String>,
@@ -172,14 +223,14 @@ struct NackBody {
 
 /// Finishes a claim with a failure: retried later, or dead.
 #[utoipa::path(post, path = "/events/{id}/nack", tag = "pull",
-    params(("id" = String, Path, description = "Event id")), request_body = NackBody,
+    params(("id" = uuid::Uuid, Path, description = "Event id")), request_body = NackBody,
     responses((status = 200, description = "`pending` (retried later) or `dead`", body = FinishAnswer)))]
 async fn nack(
     State(s): State<AppState>,
     Path(id): Path<String>,
     Json(b): Json<NackBody>,
 ) -> Result<Json<FinishAnswer>, Problem> {
-    let id: EventId = id.parse()?;
+    let id: EventId = formats::event_id(&id)?;
     let error = b.error.unwrap_or_else(|| "nacked by worker".into());
     let error: String = error.chars().take(4096).collect();
     let after = b
@@ -211,6 +262,8 @@ async fn nack(
 #[serde(deny_unknown_fields)]
 struct ExtendBody {
     /// The claim's fencing token.
+    #[serde(deserialize_with = "formats::integer")]
+    #[schema(format = Int64, minimum = 0, maximum = 4294967295_u32)]
     token: u32,
     /// New lease length from now (default: the topic's lease).
     lease: Option<LeaseArg>,
@@ -218,14 +271,14 @@ struct ExtendBody {
 
 /// Extends a claim's lease.
 #[utoipa::path(post, path = "/events/{id}/extend", tag = "pull",
-    params(("id" = String, Path, description = "Event id")), request_body = ExtendBody,
+    params(("id" = uuid::Uuid, Path, description = "Event id")), request_body = ExtendBody,
     responses((status = 200, description = "The lease's new end", body = ExtendAnswer)))]
 async fn extend(
     State(s): State<AppState>,
     Path(id): Path<String>,
     Json(b): Json<ExtendBody>,
 ) -> Result<Json<ExtendAnswer>, Problem> {
-    let id: EventId = id.parse()?;
+    let id: EventId = formats::event_id(&id)?;
     let lease = b.lease.as_ref().map(|l| l.parse("lease")).transpose()?;
     let until = s.engine.extend(id, FencingToken(b.token), lease).await?;
     Ok(Json(ExtendAnswer {

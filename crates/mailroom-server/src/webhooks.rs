@@ -30,10 +30,12 @@ pub struct WebhookAnswer {
         ("source" = String, Path, description = "A declared source (or, on loopback, any name)"),
         ("traceparent" = Option<String>, Header, description = "W3C Trace Context: stored with the event and forwarded (as a child) to every handler call; a malformed one is ignored"),
     ),
-    request_body(content = Vec<u8>, content_type = "*/*", description = "The provider's payload, as sent"),
+    request_body(content = serde_json::Value, content_type = "*/*", description = "The provider's payload, as sent: any bytes, in any content type (stored with it). A source that reads its dedup key, type, key, deliver_at or priority from a JSON pointer needs a JSON body that has it (else 400)."),
     responses(
         (status = 200, description = "Stored (or already stored)", body = WebhookAnswer),
         (status = 401, description = "The signature or token does not verify", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 400, description = "The source reads a field from a JSON pointer and the body is not JSON or lacks it, or a field breaks the accept rules", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such source (undeclared sources are accepted only in the quick start)", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body exceeds the source's max_body", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
         (status = 429, description = "The source's rate limit; see Retry-After", body = crate::problem::ProblemBody, content_type = "application/problem+json"),
     ))]
