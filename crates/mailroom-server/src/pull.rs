@@ -115,7 +115,7 @@ impl LeaseArg {
                 Ok(Duration::from_secs_f64(*s).clamp(MIN_LEASE, MAX_LEASE))
             }
             LeaseArg::Secs(_) => Err(Problem::bad_request(format!(
-                "{field} must be between 1ms and 1h (0.001 to 3600 seconds)"
+                "{field} must be between 1ms and 1h"
             ))),
             LeaseArg::Text(t) => formats::LEASE
                 .parse(t)
