@@ -16,6 +16,10 @@
 //!   without a poller of the overview.
 //! - `amqp`: the AMQP source and the outbox relay beside lapin alone (the
 //!   broker's floor) and a hand-written relay, on one broker, in one run.
+//! - `http-floor`: HTTP delivery (a `single` topic with an http handler)
+//!   beside the same client doing only what a delivery must, and a
+//!   hand-written Python deliverer, against one local receiver.
+//! - `pickup`: ack → handler start under a steady load (50/s, 500/s).
 //!
 //! `ingest` and `drain` take `--store sqlite|postgres://...` and
 //! `--instances N`. Run with `cargo run --release -p mailroom-bench --
@@ -29,9 +33,11 @@ mod delayed;
 mod drain;
 mod faults;
 mod floor;
+mod httpfloor;
 mod ingest;
 mod pg;
 mod pgwork;
+mod pickup;
 mod procfs;
 mod serve;
 mod stats;
@@ -80,6 +86,12 @@ enum Command {
     /// The dashboard's pages on a big store (p50/p99), and intake with and
     /// without a poller of the overview once a second.
     Dashboard(DashboardArgs),
+    /// HTTP delivery beside its floor (the same client doing only what a
+    /// delivery must) and a hand-written Python deliverer: events/s, CPU
+    /// per delivery, ratios.
+    HttpFloor(HttpFloorArgs),
+    /// Ack → handler start under a steady load, per store and rate.
+    Pickup(PickupArgs),
     /// The fault matrix: attack a real `mailroom serve` under recorded load
     /// and print what survived (lost, duplicated, out of order) per scenario.
     Faults(FaultsArgs),
@@ -410,6 +422,63 @@ struct AmqpArgs {
 }
 
 #[derive(Debug, Args)]
+struct HttpFloorArgs {
+    /// Events each floor and mailroom phase delivers.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Concurrencies (attempts in flight; the floor's loops); the first is
+    /// the topic default.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+    concurrency: Vec<u32>,
+    /// Events of the Python deliverer (0: skip it).
+    #[arg(long, default_value_t = 10_000)]
+    python_events: u64,
+    /// Worker threads (one keep-alive connection each) of the Python deliverer.
+    #[arg(long, default_value_t = 16)]
+    python_concurrency: u32,
+    /// Payload size in bytes (a JSON object).
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// Threads of the receiver.
+    #[arg(long, default_value_t = 1)]
+    receiver_threads: usize,
+    /// How long the receiver-alone phase runs.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    receiver_alone: Duration,
+    /// Give up on a phase after this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct PickupArgs {
+    /// Stores: `sqlite` and/or `postgres://...` (a fresh database per run).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite", value_parser = Backend::parse)]
+    store: Vec<Backend>,
+    /// Enqueue rates, events/s.
+    #[arg(long, value_delimiter = ',', default_value = "50,500")]
+    rates: Vec<u32>,
+    /// Measured window per rate.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Load before the window, not counted.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// The topic's concurrency.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u32,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
 struct FaultsArgs {
     /// Small runs, for CI (the whole matrix in a few minutes).
     #[arg(long)]
@@ -502,8 +571,53 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Amqp(a) => run_amqp(a).await,
         Command::Floor(a) => run_floor(a).await,
         Command::HeadsFloor(a) => run_heads_floor(a).await,
+        Command::HttpFloor(a) => run_http_floor(a).await,
+        Command::Pickup(a) => run_pickup(a).await,
         Command::Faults(a) => run_faults(a).await,
     }
+}
+
+async fn run_http_floor(a: HttpFloorArgs) -> anyhow::Result<ExitCode> {
+    let s = httpfloor::Settings {
+        events: a.events.max(1),
+        concurrency: match a.concurrency.is_empty() {
+            true => vec![mailroom::TopicSpec::DEFAULT_CONCURRENCY],
+            false => a.concurrency.into_iter().map(|c| c.max(1)).collect(),
+        },
+        python_events: a.python_events,
+        python_concurrency: a.python_concurrency.max(1),
+        body_size: a.body_size,
+        receiver_threads: a.receiver_threads.max(1),
+        receiver_alone: a.receiver_alone,
+        timeout: a.timeout,
+    };
+    let r = httpfloor::run(&s).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "http-floor", "result": r }))?;
+    } else {
+        httpfloor::print(&s, &r);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_pickup(a: PickupArgs) -> anyhow::Result<ExitCode> {
+    let s = pickup::Settings {
+        rates: a.rates,
+        duration: a.duration,
+        warmup: a.warmup,
+        body_size: a.body_size,
+        concurrency: a.concurrency.max(1),
+    };
+    let mut runs = Vec::new();
+    for store in &a.store {
+        runs.extend(pickup::run(&s, store).await?);
+    }
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "pickup", "runs": runs }))?;
+    } else {
+        pickup::print(&s, &runs);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run_faults(a: FaultsArgs) -> anyhow::Result<ExitCode> {
