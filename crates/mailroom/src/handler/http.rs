@@ -13,8 +13,10 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use mailroom_core::{Event, Outcome};
 use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The longest pause a `429 Retry-After` can impose on a topic: a receiver
@@ -68,21 +70,63 @@ impl HttpHandlerSettings {
 }
 
 /// POSTs each event to an endpoint.
+///
+/// What does not change between deliveries is built once: the configured
+/// headers, the HMAC keyed with the secret (each signature continues a
+/// copy of it), the `mailroom-topic` value of the topic it serves. The
+/// client keeps connections to the endpoint alive and pooled.
 #[derive(Debug, Clone)]
 pub struct HttpHandler {
     settings: HttpHandlerSettings,
     client: reqwest::Client,
-    extra: reqwest::header::HeaderMap,
+    extra: HeaderMap,
+    signer: Option<Signer>,
+    /// The `mailroom-topic` header of the first topic seen (a handler
+    /// serves one topic; another topic's value is built per request).
+    topic: Arc<OnceLock<(String, HeaderValue)>>,
+}
+
+/// The HMAC-SHA256 state keyed with a signing secret.
+#[derive(Clone)]
+struct Signer(Hmac<Sha256>);
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.write_str("Signer")
+    }
+}
+
+impl Signer {
+    fn new(key: &[u8]) -> Option<Self> {
+        // HMAC accepts keys of any length, so this does not fail.
+        <Hmac<Sha256> as Mac>::new_from_slice(key).ok().map(Self)
+    }
+
+    /// `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`.
+    fn sign(&self, id: &str, ts: &str, body: &[u8]) -> String {
+        let mut mac = self.0.clone();
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(ts.as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        let mut out = String::with_capacity(3 + 44);
+        out.push_str("v1,");
+        base64::engine::general_purpose::STANDARD
+            .encode_string(mac.finalize().into_bytes(), &mut out);
+        out
+    }
 }
 
 impl HttpHandler {
     /// Builds the handler; fails on invalid extra header names or values.
     pub fn new(settings: HttpHandlerSettings) -> Result<Self, String> {
-        let mut extra = reqwest::header::HeaderMap::new();
+        let mut extra = HeaderMap::new();
         for (k, v) in &settings.headers {
-            let name = reqwest::header::HeaderName::try_from(k.as_str())
+            let name = HeaderName::try_from(k.as_str())
                 .map_err(|_| format!("headers: {k:?} is not a valid header name"))?;
-            let value = reqwest::header::HeaderValue::try_from(v.as_str())
+            let value = HeaderValue::try_from(v.as_str())
                 .map_err(|_| format!("headers.{k}: not a valid header value"))?;
             extra.insert(name, value);
         }
@@ -108,10 +152,13 @@ impl HttpHandler {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("cannot build HTTP client: {}", error_chain(&e)))?;
+        let signer = settings.secret.as_deref().and_then(Signer::new);
         Ok(Self {
             settings,
             client,
             extra,
+            signer,
+            topic: Arc::default(),
         })
     }
 
@@ -130,21 +177,22 @@ impl HttpHandler {
 
 /// `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`.
 pub(crate) fn standard_webhooks_signature(key: &[u8], id: &str, ts: i64, body: &[u8]) -> String {
-    // HMAC accepts keys of any length, so this cannot fail.
-    let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => return String::new(),
-    };
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(ts.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    let sig = mac.finalize().into_bytes();
-    format!(
-        "v1,{}",
-        base64::engine::general_purpose::STANDARD.encode(sig)
-    )
+    Signer::new(key)
+        .map(|s| s.sign(id, &ts.to_string(), body))
+        .unwrap_or_default()
+}
+
+/// `mailroom-*` envelope headers of one delivery, as values.
+type Envelope = Vec<(HeaderName, HeaderValue)>;
+
+/// A header value from an event's field, or the retry its invalid text is.
+fn value(name: &'static str, text: &str) -> Result<(HeaderName, HeaderValue), Outcome> {
+    match HeaderValue::from_str(text) {
+        Ok(v) => Ok((HeaderName::from_static(name), v)),
+        Err(_) => Err(Outcome::retry(format!(
+            "header {name}: not a valid header value"
+        ))),
+    }
 }
 
 /// How an HTTP answer is judged.
@@ -154,18 +202,21 @@ enum Answer {
 }
 
 impl HttpHandler {
-    /// POSTs `body` signed with `webhook_id`, plus `extra` headers; judges the
-    /// answer: any 2xx is success, `permanent_statuses` are permanent, else a
-    /// retry at `Retry-After` if given.
+    /// POSTs `body` signed with `webhook_id`, plus the `envelope` headers;
+    /// judges the answer: any 2xx is success, `permanent_statuses` are
+    /// permanent, else a retry at `Retry-After` if given.
     async fn post(
         &self,
-        webhook_id: &str,
-        content_type: &str,
+        webhook_id: String,
+        content_type: HeaderValue,
         body: bytes::Bytes,
-        extra: Vec<(&'static str, String)>,
+        envelope: Envelope,
     ) -> Answer {
-        let req = self.request(webhook_id, content_type, &body, extra);
-        match req.body(body).send().await {
+        let req = match self.request(webhook_id, content_type, body, envelope) {
+            Ok(req) => req,
+            Err(e) => return Answer::Failure(Outcome::retry(e)),
+        };
+        match self.client.execute(req).await {
             Ok(resp) => self.judge(resp).await,
             // Stored, shown and logged: the URL without its secrets, and
             // reqwest's own text without the URL it would repeat verbatim.
@@ -178,32 +229,55 @@ impl HttpHandler {
     }
 
     /// The signed POST (Standard Webhooks headers) with the configured and
-    /// the `extra` headers, still without its body.
+    /// the `envelope` headers, or why it cannot be sent.
     fn request(
         &self,
-        webhook_id: &str,
-        content_type: &str,
-        body: &[u8],
-        extra: Vec<(&'static str, String)>,
-    ) -> reqwest::RequestBuilder {
-        let ts = jiff::Timestamp::now().as_second();
-        let mut req = self
-            .client
-            .post(self.settings.url.clone())
-            .headers(self.extra.clone())
-            .header("webhook-id", webhook_id)
-            .header("webhook-timestamp", ts.to_string())
-            .header("content-type", content_type);
-        if let Some(key) = &self.settings.secret {
-            req = req.header(
-                "webhook-signature",
-                standard_webhooks_signature(key, webhook_id, ts, body),
-            );
+        webhook_id: String,
+        content_type: HeaderValue,
+        body: bytes::Bytes,
+        envelope: Envelope,
+    ) -> Result<reqwest::Request, String> {
+        let invalid = |name: &str| {
+            format!(
+                "request to {} failed: header {name}: not a valid header value",
+                mailroom_core::redact::url(self.settings.url.as_str())
+            )
+        };
+        let ts = jiff::Timestamp::now().as_second().to_string();
+        let mut headers = HeaderMap::with_capacity(self.extra.len() + envelope.len() + 4);
+        for (name, value) in &self.extra {
+            headers.append(name, value.clone());
         }
-        for (name, value) in extra {
-            req = req.header(name, value);
+        if let Some(signer) = &self.signer {
+            let sig = signer.sign(&webhook_id, &ts, &body);
+            let sig = HeaderValue::try_from(sig).map_err(|_| invalid("webhook-signature"))?;
+            headers.append(HeaderName::from_static("webhook-signature"), sig);
         }
-        req
+        let id = HeaderValue::try_from(webhook_id).map_err(|_| invalid("webhook-id"))?;
+        headers.append(HeaderName::from_static("webhook-id"), id);
+        let ts = HeaderValue::try_from(ts).map_err(|_| invalid("webhook-timestamp"))?;
+        headers.append(HeaderName::from_static("webhook-timestamp"), ts);
+        headers.append(reqwest::header::CONTENT_TYPE, content_type);
+        for (name, value) in envelope {
+            headers.append(name, value);
+        }
+        let mut req = reqwest::Request::new(reqwest::Method::POST, self.settings.url.clone());
+        *req.headers_mut() = headers;
+        *req.body_mut() = Some(body.into());
+        Ok(req)
+    }
+
+    /// The `mailroom-topic` header of `topic`, built once for the topic
+    /// this handler serves.
+    fn topic_header(&self, topic: &str) -> Result<HeaderValue, Outcome> {
+        if let Some((name, value)) = self.topic.get()
+            && name == topic
+        {
+            return Ok(value.clone());
+        }
+        let (_, value) = value("mailroom-topic", topic)?;
+        let _ = self.topic.set((topic.to_string(), value.clone()));
+        Ok(value)
     }
 
     /// Any 2xx is success; `permanent_statuses` are permanent; anything else
@@ -270,34 +344,55 @@ async fn read_limited(mut resp: reqwest::Response, max: usize) -> bytes::Bytes {
     buf.into()
 }
 
-#[async_trait::async_trait]
-impl Handler for HttpHandler {
-    async fn handle(&self, event: &Event) -> Outcome {
-        let mut extra = vec![
-            ("mailroom-topic", event.topic.clone()),
-            ("mailroom-attempt", event.attempts.to_string()),
-            ("mailroom-source", event.source.clone()),
-            ("mailroom-dedup-key", event.dedup_key.clone()),
-        ];
-        for (name, value) in [
+impl HttpHandler {
+    /// The `mailroom-*` headers (and `traceparent`) of one event.
+    fn envelope(&self, event: &Event) -> Result<Envelope, Outcome> {
+        let mut headers = Vec::with_capacity(8);
+        headers.push((
+            HeaderName::from_static("mailroom-topic"),
+            self.topic_header(&event.topic)?,
+        ));
+        headers.push((
+            HeaderName::from_static("mailroom-attempt"),
+            HeaderValue::from(event.attempts),
+        ));
+        headers.push(value("mailroom-source", &event.source)?);
+        headers.push(value("mailroom-dedup-key", &event.dedup_key)?);
+        for (name, field) in [
             ("mailroom-key", &event.key),
             ("mailroom-correlation-id", &event.correlation_id),
             ("mailroom-type", &event.event_type),
         ] {
-            if let Some(v) = value {
-                extra.push((name, v.clone()));
+            if let Some(v) = field {
+                headers.push(value(name, v)?);
             }
         }
         if let Some(t) = super::outgoing_traceparent(event) {
-            extra.push(("traceparent", t));
+            headers.push(value("traceparent", &t)?);
         }
-        let content_type = event
-            .content_type
-            .as_deref()
-            .unwrap_or("application/octet-stream");
+        Ok(headers)
+    }
+}
+
+/// The content type of an event's payload as sent.
+fn content_type(event: &Event) -> Result<HeaderValue, Outcome> {
+    match event.content_type.as_deref() {
+        None => Ok(HeaderValue::from_static("application/octet-stream")),
+        Some("application/json") => Ok(HeaderValue::from_static("application/json")),
+        Some(other) => value("content-type", other).map(|(_, v)| v),
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for HttpHandler {
+    async fn handle(&self, event: &Event) -> Outcome {
+        let (envelope, content_type) = match (self.envelope(event), content_type(event)) {
+            (Ok(e), Ok(c)) => (e, c),
+            (Err(o), _) | (_, Err(o)) => return o,
+        };
         let body = event.payload.clone().unwrap_or_default();
         match self
-            .post(&event.id.to_string(), content_type, body, extra)
+            .post(event.id.to_string(), content_type, body, envelope)
             .await
         {
             Answer::Success(_) => Outcome::Success,
@@ -316,16 +411,21 @@ impl Handler for HttpHandler {
         let Some(first) = events.first() else {
             return BatchOutcome::All(Outcome::Success);
         };
-        let extra = vec![
-            ("mailroom-topic", first.topic.clone()),
-            ("mailroom-batch-size", events.len().to_string()),
+        let topic = match self.topic_header(&first.topic) {
+            Ok(t) => t,
+            Err(o) => return BatchOutcome::All(o),
+        };
+        let envelope = vec![
+            (HeaderName::from_static("mailroom-topic"), topic),
+            (
+                HeaderName::from_static("mailroom-batch-size"),
+                HeaderValue::from(events.len()),
+            ),
         ];
         // One delivery id per batch, so receivers can deduplicate deliveries.
         let delivery = mailroom_core::EventId::new().to_string();
-        match self
-            .post(&delivery, "application/json", body.into(), extra)
-            .await
-        {
+        let json = HeaderValue::from_static("application/json");
+        match self.post(delivery, json, body.into(), envelope).await {
             Answer::Failure(o) => BatchOutcome::All(o),
             Answer::Success(answer) => {
                 let failed: Vec<String> = serde_json::from_slice::<serde_json::Value>(&answer)
