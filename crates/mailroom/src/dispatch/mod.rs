@@ -219,7 +219,14 @@ impl TopicLoop {
         let until = if capped {
             limits::RUNNING_RECHECK
         } else {
-            idle::until_due(&*self.store, &req, self.poll, self.backoff).await
+            // A wake-up (an event just committed) while the next due time
+            // is read claims at once: the read is a store round trip, and
+            // under a steady load an event arrives during it often enough
+            // to be most of the pickup latency's tail.
+            tokio::select! {
+                until = idle::until_due(&*self.store, &req, self.poll, self.backoff) => until,
+                () = self.topic.wake.notified() => return true,
+            }
         };
         self.nap(until).await
     }
