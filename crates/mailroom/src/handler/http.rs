@@ -487,6 +487,115 @@ mod tests {
         assert_eq!(sig, "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=");
     }
 
+    fn event() -> Event {
+        Event {
+            id: mailroom_core::EventId::new(),
+            source: "shop".into(),
+            topic: "orders".into(),
+            dedup_key: "msg_1".into(),
+            key: Some("customer-7".into()),
+            event_type: Some("order.paid".into()),
+            priority: 0,
+            status: mailroom_core::Status::Running,
+            attempts: 3,
+            max_attempts: 15,
+            next_attempt_at: None,
+            received_at: jiff::Timestamp::now(),
+            correlation_id: Some("corr-9".into()),
+            causation_id: None,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            content_type: Some("application/json".into()),
+            payload: Some(bytes::Bytes::from_static(br#"{"total":12}"#)),
+            last_error: None,
+            lease_until: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// A delivery's request carries every header a receiver relies on: the
+    /// configured ones, the Standard Webhooks id (the event id), timestamp
+    /// and a signature that verifies with the secret, the payload's content
+    /// type, and each `mailroom-*` envelope header with its event's value,
+    /// for one event and again for the next (values built once are reused
+    /// only where they are the same).
+    #[test]
+    fn a_request_carries_every_header_and_a_verifiable_signature() {
+        let secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+        let handler = HttpHandler::new(HttpHandlerSettings {
+            url: reqwest::Url::parse("http://127.0.0.1:9/hook").unwrap(),
+            timeout: Duration::from_secs(5),
+            secret: Some(HttpHandler::decode_secret(secret).unwrap()),
+            headers: BTreeMap::from([("x-api-key".to_string(), "k-123".to_string())]),
+            permanent_statuses: vec![410],
+            tls: HttpTls::default(),
+        })
+        .unwrap();
+        let verifier = mailroom_signatures::Verifier::new(
+            mailroom_signatures::Scheme::StandardWebhooks,
+            [secret],
+            mailroom_signatures::DEFAULT_TOLERANCE,
+        )
+        .unwrap();
+        for n in 0..2 {
+            let mut e = event();
+            e.source = format!("shop-{n}");
+            let envelope = handler.envelope(&e).unwrap();
+            let body = e.payload.clone().unwrap();
+            let req = handler
+                .request(
+                    e.id.to_string(),
+                    content_type(&e).unwrap(),
+                    body.clone(),
+                    envelope,
+                )
+                .unwrap();
+            assert_eq!(req.method(), reqwest::Method::POST);
+            assert_eq!(req.url().as_str(), "http://127.0.0.1:9/hook");
+            let h = req.headers();
+            let one = |name: &str| {
+                let all: Vec<_> = h.get_all(name).iter().collect();
+                assert_eq!(all.len(), 1, "{name} once in {h:?}");
+                all[0].to_str().unwrap().to_string()
+            };
+            assert_eq!(one("x-api-key"), "k-123");
+            assert_eq!(one("webhook-id"), e.id.to_string());
+            let ts: i64 = one("webhook-timestamp").parse().unwrap();
+            assert!((ts - jiff::Timestamp::now().as_second()).abs() < 60);
+            assert_eq!(one("content-type"), "application/json");
+            assert_eq!(one("mailroom-topic"), "orders");
+            assert_eq!(one("mailroom-attempt"), "3");
+            assert_eq!(one("mailroom-source"), format!("shop-{n}"));
+            assert_eq!(one("mailroom-dedup-key"), "msg_1");
+            assert_eq!(one("mailroom-key"), "customer-7");
+            assert_eq!(one("mailroom-correlation-id"), "corr-9");
+            assert_eq!(one("mailroom-type"), "order.paid");
+            let parent = one("traceparent");
+            assert!(
+                parent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+                "{parent}"
+            );
+            assert!(parent.ends_with("-01") && !parent.contains("00f067aa0ba902b7"));
+            assert!(one("webhook-signature").starts_with("v1,"));
+            let sent = req.body().and_then(|b| b.as_bytes()).unwrap();
+            assert_eq!(sent, &body[..]);
+            verifier
+                .verify(h, sent, jiff::Timestamp::now().as_second())
+                .expect("the signature verifies with the secret");
+        }
+        // Another topic's events through the same handler name their own.
+        let mut other = event();
+        other.topic = "refunds".into();
+        let envelope = handler.envelope(&other).unwrap();
+        assert!(
+            envelope
+                .iter()
+                .any(|(n, v)| n == "mailroom-topic" && v == "refunds")
+        );
+        // No content type stored: sent as octet-stream.
+        other.content_type = None;
+        assert_eq!(content_type(&other).unwrap(), "application/octet-stream");
+    }
+
     #[test]
     fn retry_after_accepts_seconds_and_dates() {
         assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
