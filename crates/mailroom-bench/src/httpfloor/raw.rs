@@ -46,7 +46,7 @@ pub async fn deliver(
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .connect_timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(64)
+        .pool_max_idle_per_host(1024)
         .user_agent(concat!("mailroom/", env!("CARGO_PKG_VERSION")))
         .redirect(reqwest::redirect::Policy::none())
         .build()?;

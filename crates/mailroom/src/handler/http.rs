@@ -24,6 +24,10 @@ use std::time::Duration;
 /// (pausing again) when this ends.
 pub const MAX_PAUSE: Duration = Duration::from_secs(3600);
 
+/// Idle keep-alive connections kept per receiver host: above any topic's
+/// usual concurrency.
+const MAX_IDLE_CONNECTIONS: usize = 1024;
+
 /// Settings of an HTTP handler.
 #[derive(Debug, Clone)]
 pub struct HttpHandlerSettings {
@@ -144,7 +148,13 @@ impl HttpHandler {
         let client = client
             .timeout(settings.timeout)
             .connect_timeout(settings.timeout.min(Duration::from_secs(10)))
-            .pool_max_idle_per_host(64)
+            // Keep-alive for every attempt in flight: with fewer idle
+            // connections kept than attempts, the surplus is closed after
+            // each burst of answers and reopened by the next claim
+            // (`mailroom-bench http-floor`: 23,404 connections for 50,000
+            // deliveries at concurrency 256 with 64 kept, 23 % of the
+            // floor's rate). Idle ones still close after 90 s.
+            .pool_max_idle_per_host(MAX_IDLE_CONNECTIONS)
             .user_agent(concat!("mailroom/", env!("CARGO_PKG_VERSION")))
             // A redirect would carry the payload, the signature and the
             // configured headers to wherever the receiver points: a 3xx is
