@@ -23,7 +23,8 @@
 #    then the quick fault matrix on both stores (`mailroom-bench faults
 #    --quick`, debug build, about 4-5 minutes on 2 loaded cores, under a
 #    `timeout`; crates/mailroom-bench/README.md); never with a -p/--package
-#    scope, nor with --no-faults;
+#    scope, nor with --no-faults; and the docs book (scripts/docs.sh build,
+#    which installs mdBook when missing), never with a -p/--package scope;
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
 #    exits non-zero if any test step failed.
 #
@@ -153,6 +154,17 @@ fi
 
 # schemathesis against a running `mailroom serve` and its /openapi.json.
 ((${#scope[@]} == 0)) || { section "scripts/openapi-check.sh"; "$REPO_ROOT/scripts/openapi-check.sh" || { r=$?; ((rc != 0)) || rc=$r; }; }
+
+# The docs book builds (a missing page fails it); its TOML blocks, command
+# lines and links are checked by mailroom-cli's docs test above.
+if ((${#scope[@]})); then
+  section "docs book: scripts/docs.sh build"
+  t="$(mr_now)"
+  docs_rc=0
+  "$REPO_ROOT/scripts/docs.sh" build || docs_rc=$?
+  mr_log "docs book finished (exit $docs_rc) in $(mr_since "$t")"
+  ((rc != 0)) || rc=$docs_rc
+fi
 
 # The fault matrix attacks the real binary (kill -9, a full disk, hung and
 # poisoned handlers, duplicate storms, SIGTERM, a three-instance cluster) and
