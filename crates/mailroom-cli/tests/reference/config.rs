@@ -37,7 +37,7 @@ pub fn render() -> String {
          Either name the schema on the file's first line,\n\n\
          ```toml\n#:schema ./mailroom.schema.json\nlisten = \"127.0.0.1:8080\"\n```\n\n\
          or associate it in a `.taplo.toml` beside the file:\n\n\
-         ```toml\n[[rule]]\ninclude = [\"**/mailroom.toml\"]\nschema = {{ path = \"./mailroom.schema.json\" }}\n```\n\n\
+         ```toml,fragment\n[[rule]]\ninclude = [\"**/mailroom.toml\"]\nschema = {{ path = \"./mailroom.schema.json\" }}\n```\n\n\
          The schema accepts what the loader reads: a string holding `${{` is accepted \
          wherever a formatted value is expected, since what it becomes is only known when \
          the file is loaded. Some rules hold between keys and are checked only by the \
