@@ -1,5 +1,9 @@
 //! The conformance tests, one async function of a fresh store each.
 //!
+//! Every `pub async fn` here and in the files under `tests/` (re-exported
+//! here) is a test: the build script finds them and `suite!` runs each on
+//! every backend. Helpers stay private.
+//!
 //! Tests panic on failure (they are tests); every store call's error is
 //! shown in the panic message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
