@@ -18,7 +18,13 @@ async fn document() -> Value {
     let engine = mailroom::Engine::builder(store)
         .build()
         .expect("the engine builds");
-    let router = mailroom_server::router(engine, mailroom_server::ServerOptions::default());
+    // With an API token: the document describes the instance serving it, and
+    // a token-less one (loopback only) requires no authentication.
+    let options = mailroom_server::ServerOptions {
+        api_tokens: vec!["reference-page-token-0123456789abcdef".into()],
+        ..mailroom_server::ServerOptions::default()
+    };
+    let router = mailroom_server::router(engine, options);
     let request = Request::get("/openapi.json")
         .body(Body::empty())
         .expect("a request");
