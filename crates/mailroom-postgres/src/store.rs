@@ -163,13 +163,15 @@ impl PostgresStore {
         let session = if pooled {
             // Taken out of it (`detach`) by claimers, so its size bounds
             // only how many are opened at once.
-            PgPoolOptions::new()
+            let session = PgPoolOptions::new()
                 .max_connections(opts.pool_size)
                 .min_connections(0)
                 .acquire_timeout(opts.acquire_timeout)
                 .connect_with(direct.clone())
                 .await
-                .map_err(db("connecting to direct_url"))?
+                .map_err(db("connecting to direct_url"))?;
+            refuse_different_databases(&pool, &session).await?;
+            session
         } else {
             refuse_transaction_pooler(&pool).await?;
             pool.clone()
@@ -509,6 +511,42 @@ async fn refuse_transaction_pooler(pool: &PgPool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses a `direct_url` (`session`) that reaches another database than
+/// the pooler (`pool`): migrations, `LISTEN` and the sequential topics'
+/// claims would run there while events are written through the pooler, so
+/// the service would start and never see its own events. A database is
+/// told by its name, its oid and its server's start time (readable by any
+/// role, unlike the cluster's system identifier). Simple-protocol
+/// statements: they work through any pooler.
+async fn refuse_different_databases(pool: &PgPool, session: &PgPool) -> Result<()> {
+    const CTX: &str = "checking that url and direct_url reach one database";
+    const WHICH: &str = "SELECT current_database()::text, \
+         (SELECT oid FROM pg_database WHERE datname = current_database())::int8, \
+         pg_postmaster_start_time()::text";
+    async fn which(pool: &PgPool) -> Result<(String, i64, String)> {
+        let row = sqlx::raw_sql(WHICH)
+            .fetch_one(pool)
+            .await
+            .map_err(db(CTX))?;
+        Ok((
+            row.try_get(0).map_err(db(CTX))?,
+            row.try_get(1).map_err(db(CTX))?,
+            row.try_get(2).map_err(db(CTX))?,
+        ))
+    }
+    let (pooled, direct) = (which(pool).await?, which(session).await?);
+    if pooled == direct {
+        return Ok(());
+    }
+    Err(StoreError::Invalid(format!(
+        "postgres: url and direct_url reach different databases: through url, database \
+         \"{}\" (oid {}) of a server started at {}; through direct_url, database \"{}\" \
+         (oid {}) of a server started at {}. direct_url must reach the database the \
+         pooler serves: migrations, LISTEN and sequential claims run there",
+        pooled.0, pooled.1, pooled.2, direct.0, direct.1, direct.2
+    )))
 }
 
 /// Rounds of [`refuse_transaction_pooler`]'s check.
@@ -890,6 +928,34 @@ mod tests {
                 other => panic!("PgBouncer in transaction mode not refused: {other:?}"),
             }
         }
+    }
+
+    /// A `direct_url` that reaches another database than the pooler's is
+    /// refused at connect, naming both; the same database through both is
+    /// taken.
+    #[tokio::test]
+    async fn a_direct_url_to_another_database_than_the_poolers_is_refused() {
+        let served = mailroom_testkit::fresh_postgres_db().await;
+        let other = mailroom_testkit::fresh_postgres_db().await;
+        let pooler = mailroom_testkit::pgbouncer_url(&served);
+        let connect = |direct: &str| {
+            let mut opts = PostgresOptions::new(pooler.parse().unwrap());
+            opts.direct = Some(direct.parse().unwrap());
+            PostgresStore::connect(opts)
+        };
+        match connect(&other).await {
+            Err(StoreError::Invalid(why)) => {
+                let name = |url: &str| url.rsplit('/').next().unwrap().to_owned();
+                assert!(why.contains("different databases"), "{why}");
+                assert!(
+                    why.contains(&name(&served)) && why.contains(&name(&other)),
+                    "{why}"
+                );
+            }
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("a direct_url to another database was taken"),
+        }
+        connect(&served).await.unwrap();
     }
 
     fn heads_of(topic: &str, max: u32) -> ClaimRequest {
