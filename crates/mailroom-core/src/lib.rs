@@ -12,8 +12,11 @@
 //! - [`mode`]: per-topic processing modes ([`Mode`]).
 //! - [`store`]: the [`Store`] trait every storage backend implements, and the
 //!   query/stats types it speaks.
+//! - [`event_row`]: a stored event's columns, in the order both stores
+//!   select them, and their one decoding.
 //! - [`schema`]: schema versions ([`SchemaVersion`]): whether a build may
-//!   run against a database's schema.
+//!   run against a database's schema, and what a migration runner records
+//!   ([`Migrations`]).
 //! - [`cron`]: five-field UTC schedules for batch topics.
 //! - [`alert`]: the `[alerts]` thresholds ([`AlertRules`]) and [`evaluate`](alert::evaluate).
 //! - [`redact`]: URLs without their secrets and text without control
@@ -31,6 +34,7 @@ pub mod cron;
 pub mod duration;
 pub mod error;
 pub mod event;
+pub mod event_row;
 pub mod lease;
 pub mod limit;
 pub mod mode;
@@ -52,7 +56,7 @@ pub use limit::{Grant, Rate, RateError};
 pub use mode::{BatchError, BatchSettings, Mode, OnDead};
 pub use outcome::{Completion, Outcome};
 pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
-pub use schema::{Migrated, SchemaFit, SchemaVersion};
+pub use schema::{Migrated, Migrations, SchemaFit, SchemaVersion};
 pub use store::{
     ClaimLimits, ClaimRequest, EventSearch, Inserted, KeyCursor, LimitedClaim, ListFilter, Page,
     PurgeReport, ReplayReport, Retention, Store, Throughput, TopicStats, TopicStream,

@@ -96,6 +96,111 @@ impl SchemaVersion {
     }
 }
 
+impl SchemaVersion {
+    /// A database without the table of recorded migrations: version 0.
+    pub fn empty(build: u32) -> Self {
+        Self {
+            database: 0,
+            compatible_from: 0,
+            build,
+        }
+    }
+
+    /// The schema's version from the newest recorded migration, `(version,
+    /// compatible_from)` as the database stores them (no row: version 0;
+    /// no `compatible_from`: only builds that know the version run).
+    pub fn recorded(newest: Option<(i64, Option<i64>)>, build: u32) -> Result<Self, StoreError> {
+        let (database, floor) = newest.unwrap_or((0, None));
+        let database = u32::try_from(database)
+            .map_err(|_| StoreError::Corrupt(format!("schema version {database} out of range")))?;
+        let compatible_from = floor
+            .and_then(|f| u32::try_from(f).ok())
+            .map_or(database, |f| f.min(database));
+        Ok(Self {
+            database,
+            compatible_from,
+            build,
+        })
+    }
+
+    /// What a migration run answers without applying anything: `None` when
+    /// the database is behind this build (migrations to apply), otherwise
+    /// [`Migrated`] at this version when this build runs against it, or
+    /// [`StoreError::Schema`] for a newer schema it cannot use.
+    pub fn nothing_to_apply(&self) -> Result<Option<Migrated>, StoreError> {
+        if self.database < self.build {
+            return Ok(None);
+        }
+        self.require_runnable()?;
+        Ok(Some(Migrated {
+            from: self.database,
+            schema: *self,
+        }))
+    }
+}
+
+/// A backend's migrations as a runner applies them: how many this build
+/// carries, and which of them older builds still run against.
+#[derive(Debug, Clone, Copy)]
+pub struct Migrations {
+    /// Migrations this build carries, numbered 1 to `count`.
+    pub count: usize,
+    /// The migration that added `compatible_from` to the table of recorded
+    /// migrations: earlier ones cannot record it.
+    pub compatible_from_column: usize,
+    /// Migrations that builds which do not know them still run against:
+    /// the version, and the oldest build version that runs against the
+    /// schema it makes (recorded as `compatible_from`). Only migrations
+    /// that older builds cannot notice qualify (a new table or index they
+    /// do not use, a column with a default that their statements do not
+    /// name, a function they do not call); never a dropped or renamed
+    /// object, a tightened constraint or a changed function or trigger that
+    /// older builds rely on.
+    pub compatible: &'static [(usize, u32)],
+}
+
+impl Migrations {
+    /// Migration `n`'s number as recorded (`n` is at most a few dozen).
+    pub fn number(n: usize) -> u32 {
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// This build's schema version: its newest migration.
+    pub fn build(&self) -> u32 {
+        Self::number(self.count)
+    }
+
+    /// The `compatible_from` to record with migration `version`: the
+    /// oldest build that runs against the schema it makes, when older than
+    /// the migration itself and the column exists.
+    pub fn compatible_from(&self, version: usize) -> Option<u32> {
+        self.compatible
+            .iter()
+            .find(|(v, _)| *v == version && version >= self.compatible_from_column)
+            .map(|(_, floor)| *floor)
+    }
+
+    /// The marks only ever name older builds, on migrations this build
+    /// carries that can record them; the first one that does not, as a
+    /// sentence.
+    pub fn check(&self) -> Result<(), String> {
+        for &(version, floor) in self.compatible {
+            if version < self.compatible_from_column || version > self.count {
+                return Err(format!(
+                    "migration {version} is marked compatible but cannot record it                      (migrations {} to {})",
+                    self.compatible_from_column, self.count
+                ));
+            }
+            if floor as usize >= version {
+                return Err(format!(
+                    "migration {version} is marked compatible from {floor}, not an older build"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What [`Store::migrate`](crate::Store::migrate) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Migrated {
@@ -124,6 +229,88 @@ mod tests {
             compatible_from,
             build,
         }
+    }
+
+    /// A recorded version reads as the database's version, with
+    /// `compatible_from` when recorded (never above the version itself);
+    /// no row is version 0; a negative number is refused as corrupt.
+    #[test]
+    fn recorded_versions_read_as_the_database_stores_them() {
+        assert_eq!(SchemaVersion::recorded(None, 9).unwrap(), v(0, 0, 9));
+        assert_eq!(
+            SchemaVersion::recorded(None, 9).unwrap(),
+            SchemaVersion::empty(9)
+        );
+        assert_eq!(
+            SchemaVersion::recorded(Some((8, None)), 9).unwrap(),
+            v(8, 8, 9)
+        );
+        assert_eq!(
+            SchemaVersion::recorded(Some((11, Some(9))), 9).unwrap(),
+            v(11, 9, 9)
+        );
+        assert_eq!(
+            SchemaVersion::recorded(Some((7, Some(12))), 9).unwrap(),
+            v(7, 7, 9)
+        );
+        assert!(matches!(
+            SchemaVersion::recorded(Some((-1, None)), 9),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    /// A migration run applies nothing to a current or newer compatible
+    /// schema, refuses a newer incompatible one, and goes on for an older one.
+    #[test]
+    fn nothing_to_apply_only_when_the_database_is_not_behind() {
+        assert_eq!(v(8, 8, 9).nothing_to_apply().unwrap(), None);
+        let current = v(9, 9, 9).nothing_to_apply().unwrap().unwrap();
+        assert_eq!((current.from, current.applied()), (9, false));
+        assert!(v(10, 9, 9).nothing_to_apply().unwrap().is_some());
+        assert!(matches!(
+            v(10, 10, 9).nothing_to_apply(),
+            Err(StoreError::Schema(_))
+        ));
+    }
+
+    /// Compatibility marks are recorded only from the column's migration
+    /// on, and a mark that names a build not older than its migration, or a
+    /// migration the build does not carry, is found by `check`.
+    #[test]
+    fn compatibility_marks_are_recorded_and_checked() {
+        let m = Migrations {
+            count: 10,
+            compatible_from_column: 9,
+            compatible: &[(9, 8), (10, 8)],
+        };
+        assert_eq!(m.check(), Ok(()));
+        assert_eq!(m.build(), 10);
+        assert_eq!(
+            (m.compatible_from(9), m.compatible_from(8)),
+            (Some(8), None)
+        );
+        let early = Migrations {
+            compatible: &[(8, 7)],
+            ..m
+        };
+        assert_eq!(early.compatible_from(8), None);
+        assert!(early.check().is_err());
+        assert!(
+            Migrations {
+                compatible: &[(10, 10)],
+                ..m
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Migrations {
+                compatible: &[(11, 8)],
+                ..m
+            }
+            .check()
+            .is_err()
+        );
     }
 
     /// A build runs against its own schema and against a newer one whose

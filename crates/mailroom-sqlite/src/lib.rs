@@ -51,12 +51,13 @@
 
 #![deny(missing_docs)]
 
-mod limits;
+mod connection;
 mod options;
 mod reader;
 mod schema;
 mod sql;
 mod store;
+mod throttle;
 mod writer;
 
 pub use options::SqliteOptions;

@@ -44,7 +44,7 @@ impl ReadPool {
             .pop();
         match idle {
             Some(conn) => Ok(conn),
-            None => crate::store::open_connection(&self.path, self.busy_timeout, true),
+            None => crate::connection::open_connection(&self.path, self.busy_timeout, true),
         }
     }
 

@@ -1,5 +1,6 @@
 //! [`SqliteStore`]: the [`Store`] trait over one SQLite file.
 
+use crate::connection::open_connection;
 use crate::options::SqliteOptions;
 use crate::reader::ReadPool;
 use crate::sql::{self, db, now_ms};
@@ -10,9 +11,7 @@ use mailroom_core::{
     FencingToken, Inserted, LimitedClaim, ListFilter, Migrated, NewEvent, Page, PurgeReport,
     ReplayReport, Result, Retention, SchemaVersion, Store, StoreError, Throughput, TopicStats,
 };
-use rusqlite::config::DbConfig;
-use rusqlite::{Connection, OpenFlags};
-use std::path::Path;
+use rusqlite::Connection;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,51 +31,7 @@ pub struct SqliteStore {
 struct Inner {
     writer: Writer,
     reads: Arc<ReadPool>,
-    limits: crate::limits::Limits,
-}
-
-/// Opens a connection with the pragmas every mailroom connection needs.
-pub(crate) fn open_connection(path: &Path, busy: Duration, read_only: bool) -> Result<Connection> {
-    let flags = if read_only {
-        OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | OpenFlags::SQLITE_OPEN_URI
-    } else {
-        OpenFlags::default()
-    };
-    let conn = Connection::open_with_flags(path, flags)
-        .map_err(|e| StoreError::Unavailable(format!("sqlite: opening {}: {e}", path.display())))?;
-    conn.busy_timeout(busy)
-        .map_err(db("setting busy_timeout"))?;
-    conn.set_prepared_statement_cache_capacity(64);
-    // Plan each cached statement once. Without the query planner stability
-    // guarantee, SQLite (built with STAT4) recompiles a statement whenever a
-    // new value is bound to a parameter that may steer its plan, such as a
-    // claim's `LIMIT ?` and `next_attempt_at <= ?`: a parse and plan on
-    // every claim. The claims name their index, so a value cannot improve
-    // their plan.
-    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
-        .map_err(db("enabling the query planner stability guarantee"))?;
-    if !read_only {
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(db("enabling WAL"))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Unavailable(format!(
-                "sqlite: {} refused WAL mode (journal_mode is {mode})",
-                path.display()
-            )));
-        }
-    }
-    // FULL: a commit is on disk (WAL fsynced) before anyone is told.
-    conn.execute_batch(
-        "PRAGMA synchronous = FULL;
-         PRAGMA foreign_keys = OFF;
-         PRAGMA temp_store = MEMORY;
-         PRAGMA cache_size = -16000;",
-    )
-    .map_err(db("setting pragmas"))?;
-    Ok(conn)
+    throttle: crate::throttle::Throttle,
 }
 
 impl SqliteStore {
@@ -95,7 +50,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 writer,
                 reads,
-                limits: crate::limits::Limits::default(),
+                throttle: crate::throttle::Throttle::default(),
             }),
         })
     }
@@ -202,7 +157,7 @@ impl Store for SqliteStore {
     async fn claim_limited(&self, req: &ClaimRequest, limits: ClaimLimits) -> Result<LimitedClaim> {
         let (req, inner) = (req.clone(), self.inner.clone());
         self.write(WhenFull::Wait, move |c, now| {
-            claim_within(c, &inner.limits, req, limits, now)
+            claim_within(c, &inner.throttle, req, limits, now)
         })
         .await
     }
@@ -231,7 +186,7 @@ impl Store for SqliteStore {
                     sql::complete_many(c, &done, now)?
                 };
                 let claimed = in_savepoint(c, || match limits {
-                    Some(limits) => claim_within(c, &inner.limits, req, limits, now),
+                    Some(limits) => claim_within(c, &inner.throttle, req, limits, now),
                     None => claim_plain(c, &req, now),
                 });
                 Ok((recorded, claimed))
@@ -252,11 +207,11 @@ impl Store for SqliteStore {
     }
 
     async fn pause_topic(&self, topic: &str, pause: Duration) -> Result<Timestamp> {
-        Ok(self.inner.limits.pause(topic, pause))
+        Ok(self.inner.throttle.pause(topic, pause))
     }
 
     async fn paused_for(&self, topic: &str) -> Result<Option<Duration>> {
-        Ok(self.inner.limits.paused_for(topic))
+        Ok(self.inner.throttle.paused_for(topic))
     }
 
     async fn next_due(&self, req: &ClaimRequest) -> Result<Option<Timestamp>> {
@@ -408,7 +363,7 @@ fn claim_plain(c: &Connection, req: &ClaimRequest, now: i64) -> Result<LimitedCl
 /// transaction (see [`Store::claim_limited`]).
 fn claim_within(
     c: &Connection,
-    budgets: &crate::limits::Limits,
+    throttle: &crate::throttle::Throttle,
     req: ClaimRequest,
     limits: ClaimLimits,
     now: i64,
@@ -439,7 +394,7 @@ fn claim_within(
             capped,
         });
     };
-    let grant = budgets.take(&req.topic, rate, want.min(room));
+    let grant = throttle.take(&req.topic, rate, want.min(room));
     if grant.granted == 0 {
         return Ok(LimitedClaim::Wait(grant.wait));
     }
@@ -456,7 +411,7 @@ fn claim_within(
         .as_ref()
         .map_or(0, |c| u32::try_from(c.len()).unwrap_or(asked));
     // Tokens for events that were not there are not spent.
-    budgets.give_back(&req.topic, rate, asked - used);
+    throttle.give_back(&req.topic, rate, asked - used);
     Ok(LimitedClaim::Claimed {
         claimed: claimed?,
         asked,

@@ -3,12 +3,10 @@
 //! ones (one, or every match); and the searches an operator runs for them
 //! (error text, time range).
 
-use super::rows::{DEFAULT_LIMIT, MAX_LIMIT, cursor_seq, event_by_id, get};
-use super::{db, events_from_rows};
+use super::db;
+use super::rows::{event_by_id, get};
 use crate::db::Db;
-use mailroom_core::{
-    Event, EventId, EventSearch, ListFilter, Page, ReplayReport, Result, Status, StoreError,
-};
+use mailroom_core::{Event, EventId, ListFilter, ReplayReport, Result, Status, StoreError};
 use sqlx::{Postgres, Transaction};
 
 /// Why a replay or skip of `id` changed nothing: `NotFound`, or what `why`
@@ -184,112 +182,6 @@ pub(crate) async fn skip(pool: &Db, id: EventId) -> Result<Event> {
         .await);
     }
     get(pool, id).await?.ok_or(StoreError::NotFound)
-}
-
-/// The conditions of a search ($1..$6), on events aliased `e`.
-macro_rules! search_where {
-    () => {
-        "($1::text IS NULL OR e.topic = $1)
-    AND ($2::text IS NULL OR e.status = $2)
-    AND ($3::text IS NULL OR e.key = $3)
-    AND ($4::text IS NULL OR strpos(e.last_error, $4) > 0)
-    AND ($5::int8 IS NULL OR e.received_at >= timestamptz 'epoch' + $5 * interval '1 microsecond')
-    AND ($6::int8 IS NULL OR e.received_at < timestamptz 'epoch' + $6 * interval '1 microsecond')"
-    };
-}
-
-fn bind_search<'q>(
-    q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    s: &'q EventSearch,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    q.bind(s.filter.topic.as_deref())
-        .bind(s.filter.status.map(Status::as_str))
-        .bind(s.filter.key.as_deref())
-        .bind(s.error_contains.as_deref())
-        .bind(s.received_from.map(|t| t.as_microsecond()))
-        .bind(s.received_until.map(|t| t.as_microsecond()))
-}
-
-/// The dead letters matching a search (`$2` is `'dead'`), walked back
-/// from `mailroom.dead_letters` (schema migration 12), so a page and a
-/// count read the dead events only, however many others are stored.
-macro_rules! dead_letters {
-    () => {
-        " FROM mailroom.dead_letters d JOIN mailroom.events e ON e.seq = d.seq
-         WHERE ($1::text IS NULL OR d.topic = $1) AND "
-    };
-}
-
-/// Events matching `search`, newest first. Dead letters are read from
-/// their own table; otherwise, without an error or time filter it is the
-/// plain listing (`rows::list`, planned per index); with one, a walk back
-/// by `seq` that the filters keep short.
-pub(crate) async fn search(pool: &Db, search: &EventSearch) -> Result<Page> {
-    if search.filter.status != Some(Status::Dead) && !search.narrows_list() {
-        return super::list(pool, &search.filter).await;
-    }
-    walk(pool, search).await
-}
-
-/// [`search`] as a walk back by `seq`: over the dead letters for dead
-/// events, over every event otherwise.
-pub(super) async fn walk(pool: &Db, search: &EventSearch) -> Result<Page> {
-    const CTX: &str = "searching events";
-    let dead = search.filter.status == Some(Status::Dead);
-    let limit = match search.filter.limit {
-        0 => DEFAULT_LIMIT,
-        n => n.min(MAX_LIMIT),
-    };
-    let after_seq = match search.filter.cursor {
-        None => None,
-        Some(cursor) => Some(cursor_seq(pool, cursor).await?),
-    };
-    let sql = if dead {
-        concat!(
-            "SELECT ",
-            event_cols!(),
-            dead_letters!(),
-            search_where!(),
-            " AND ($7::int8 IS NULL OR d.seq < $7) ORDER BY d.seq DESC LIMIT $8"
-        )
-    } else {
-        concat!(
-            "SELECT ",
-            event_cols!(),
-            " FROM mailroom.events e WHERE ",
-            search_where!(),
-            " AND ($7::int8 IS NULL OR e.seq < $7) ORDER BY e.seq DESC LIMIT $8"
-        )
-    };
-    let rows = bind_search(sqlx::query(sql), search)
-        .bind(after_seq)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(pool)
-        .await
-        .map_err(db(CTX))?;
-    let events = events_from_rows(&rows)?
-        .into_iter()
-        .map(|(_, e)| e)
-        .collect();
-    Ok(Page::from_overfetch(events, limit))
-}
-
-/// How many events match `search`.
-pub(crate) async fn count_matching(pool: &Db, search: &EventSearch) -> Result<u64> {
-    let sql = if search.filter.status == Some(Status::Dead) {
-        concat!("SELECT count(*)", dead_letters!(), search_where!())
-    } else {
-        concat!(
-            "SELECT count(*) FROM mailroom.events e WHERE ",
-            search_where!()
-        )
-    };
-    let row: (i64,) = bind_search(sqlx::query(sql), search)
-        .fetch_one(pool)
-        .await
-        .map_err(db("counting events"))
-        .and_then(|r| Ok((super::col(&r, 0)?,)))?;
-    Ok(row.0.unsigned_abs())
 }
 
 /// Marks a pending event `cancelled`; its queue row goes. The queue row is

@@ -118,7 +118,7 @@ macro_rules! claim_update {
 /// Claims the queue rows that `$picked` (an `UPDATE` of `mailroom.queue`
 /// to `running`, returning `seq` and `priority`) moved, and their events
 /// with them (status, attempt count — the new fencing token —, lease,
-/// worker): the event's update is HOT (`schema.rs`, migration 7). `$lease`
+/// worker): the event's update is HOT (`migrations/0007_queue.sql`). `$lease`
 /// is the lease's parameter (µs), `$worker` the worker's.
 /// Returns the events' columns and each row's priority ([`claimed!`]).
 macro_rules! claim_rows {

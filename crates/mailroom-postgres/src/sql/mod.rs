@@ -1,5 +1,6 @@
 //! The SQL of every store operation, as plain async functions of a pool,
-//! one file per concern: [`rows`] (insert, get, list), [`claims`],
+//! one file per concern: [`rows`] (insert, get), [`search`] (listings and
+//! searches), [`claims`],
 //! [`completions`] (complete, extend), [`admin`] (replay, skip),
 //! [`maintenance`] (rescue, retention, election) and
 //! [`stats`](mod@stats). This file holds what they share: error mapping,
@@ -18,7 +19,8 @@
 use crate::db::Db;
 use bytes::Bytes;
 use jiff::Timestamp;
-use mailroom_core::{Event, EventId, Result, StoreError};
+use mailroom_core::event_row::{self, EVENT_COLUMNS, EventColumn, EventRow};
+use mailroom_core::{Event, Result, StoreError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use std::time::Duration;
@@ -54,27 +56,27 @@ mod admin;
 #[macro_use]
 mod claims;
 mod completions;
-mod limits;
 mod maintenance;
 #[cfg(test)]
 mod plans;
 mod rows;
+mod search;
 mod stats;
+mod throttle;
 
-pub(crate) use admin::{
-    cancel, cancel_matching, count_matching, replay, replay_matching, search, skip,
-};
+pub(crate) use admin::{cancel, cancel_matching, replay, replay_matching, skip};
 pub(crate) use claims::{
     CLAIM_IDLE_LIMIT, CLAIM_LOCK_CLASS, Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from,
     claim_heads, claim_order, next_due, raise_waiting,
 };
 pub(crate) use completions::{complete, complete_many, extend};
-pub(crate) use limits::{
+pub(crate) use maintenance::{expire, purge, rescue_expired, try_lead};
+pub(crate) use rows::{get, insert_batch};
+pub(crate) use search::{count_matching, list, search};
+pub(crate) use stats::{attempt_window, fold_counters, stats, throughput};
+pub(crate) use throttle::{
     lock_and_count_running, pause_topic, paused_for, settle_tokens, take_tokens,
 };
-pub(crate) use maintenance::{expire, purge, rescue_expired, try_lead};
-pub(crate) use rows::{get, insert_batch, list};
-pub(crate) use stats::{attempt_window, fold_counters, stats, throughput};
 
 /// Maps a database error to a [`StoreError`], saying what was being done.
 /// Data exceptions (SQLSTATE class 22: bad text encoding, out-of-range
@@ -119,35 +121,47 @@ pub(super) fn count(row: &PgRow, i: usize) -> Result<u32> {
 }
 
 /// How many columns `event_cols!()` selects.
-pub(super) const EVENT_COLS: usize = 20;
+pub(super) const EVENT_COLS: usize = EVENT_COLUMNS.len();
+
+/// A row selected with `event_cols!()`, read for [`event_row::decode`]
+/// (times arrive as microseconds since the epoch).
+struct PgEvent<'r>(&'r PgRow);
+
+impl PgEvent<'_> {
+    fn get<'r, T>(&'r self, c: EventColumn) -> Result<T>
+    where
+        T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    {
+        self.0
+            .try_get(c.index())
+            .map_err(|e| StoreError::Corrupt(format!("events column {}: {e}", c.name())))
+    }
+}
+
+impl EventRow for PgEvent<'_> {
+    fn text(&self, c: EventColumn) -> Result<String> {
+        self.get(c)
+    }
+    fn opt_text(&self, c: EventColumn) -> Result<Option<String>> {
+        self.get(c)
+    }
+    fn integer(&self, c: EventColumn) -> Result<i64> {
+        match c {
+            EventColumn::Priority => self.get::<i32>(c).map(i64::from),
+            _ => self.get(c),
+        }
+    }
+    fn opt_instant(&self, c: EventColumn) -> Result<Option<Timestamp>> {
+        opt_ts(self.get(c)?)
+    }
+    fn bytes(&self, c: EventColumn) -> Result<Option<Bytes>> {
+        Ok(self.get::<Option<Vec<u8>>>(c)?.map(Bytes::from))
+    }
+}
 
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
-    let id: String = col(row, 1)?;
-    let status: String = col(row, 7)?;
-    let event = Event {
-        id: EventId::parse_stored(&id)?,
-        source: col(row, 2)?,
-        topic: col(row, 3)?,
-        dedup_key: col(row, 4)?,
-        key: col(row, 5)?,
-        event_type: col(row, 6)?,
-        status: status.parse().map_err(StoreError::Corrupt)?,
-        attempts: count(row, 8)?,
-        max_attempts: count(row, 9)?,
-        next_attempt_at: opt_ts(col(row, 10)?)?,
-        received_at: ts(col(row, 11)?)?,
-        correlation_id: col(row, 12)?,
-        causation_id: col(row, 13)?,
-        content_type: col(row, 14)?,
-        payload: col::<Option<Vec<u8>>>(row, 15)?.map(Bytes::from),
-        last_error: col(row, 16)?,
-        lease_until: opt_ts(col(row, 17)?)?,
-        traceparent: col(row, 18)?,
-        priority: col(row, 19)?,
-        history: Vec::new(),
-    };
-    Ok((col(row, 0)?, event))
+    event_row::decode(&PgEvent(row))
 }
 
 pub(super) fn events_from_rows(rows: &[PgRow]) -> Result<Vec<(i64, Event)>> {
@@ -160,4 +174,17 @@ pub(crate) async fn now(pool: &Db) -> Result<Timestamp> {
         .await
         .map_err(db("reading the database clock"))?;
     ts(us)
+}
+
+#[cfg(test)]
+mod tests {
+    use mailroom_core::event_row::{EVENT_COLUMNS, selected_names};
+
+    /// The select list every event statement uses names the shared event
+    /// columns in their order, which the decoding reads by position.
+    #[test]
+    fn the_event_select_list_is_the_shared_column_list() {
+        let names: Vec<&str> = EVENT_COLUMNS.iter().map(|c| c.name()).collect();
+        assert_eq!(selected_names(event_cols!()), names);
+    }
 }

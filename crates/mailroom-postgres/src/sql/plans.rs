@@ -11,7 +11,7 @@ use super::claims::{
 };
 use super::completions::COMPLETE_MANY;
 use super::maintenance::RESCUE;
-use super::rows::LIST_TOPIC;
+use super::search::LIST_TOPIC;
 use sqlx::Row;
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryScalar;

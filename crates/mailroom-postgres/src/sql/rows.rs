@@ -1,11 +1,10 @@
 //! Rows: inserting events (a group of them in one statement), reading one
 //! with its history, and listing them a page at a time.
 
-use super::{col, count, db, event_from_row, events_from_rows, opt_ts, ts};
+use super::{col, count, db, event_from_row, opt_ts, ts};
 use crate::db::Db;
 use mailroom_core::{
-    Attempt, Delivery, Event, EventId, EventSearch, Inserted, KeyCursor, ListFilter, NewEvent,
-    Page, Result, Status, StoreError,
+    Attempt, Delivery, Event, EventId, Inserted, KeyCursor, NewEvent, Result, StoreError,
 };
 use sqlx::{Postgres, Transaction};
 use std::collections::{BTreeSet, HashMap};
@@ -276,75 +275,6 @@ pub(crate) async fn get(pool: &Db, id: EventId) -> Result<Option<Event>> {
             Ok(Some(event))
         }
     }
-}
-
-/// A page of events, newest first: the primary key walked backwards.
-/// `$1` topic (NULL here), `$2` status, `$3` key, `$4` before this seq, `$5` limit.
-const LIST_ALL: &str = concat!(
-    "SELECT ",
-    event_cols!(),
-    " FROM mailroom.events e
-     WHERE ($1::text IS NULL OR e.topic = $1)
-       AND ($2::text IS NULL OR e.status = $2)
-       AND ($3::text IS NULL OR e.key = $3)
-       AND ($4::int8 IS NULL OR e.seq < $4)
-     ORDER BY e.seq DESC LIMIT $5"
-);
-
-/// The same for one topic, read backwards from `events_topic_seq`. The
-/// topic is spelled `= ANY(ARRAY[$1])` and the rows ordered by `(topic,
-/// seq)` so that only that index yields the order, whatever the
-/// statistics say: the primary key walked backwards would step over every
-/// other topic's events (`docs/src/design/postgres.md`, "Listing one topic").
-pub(super) const LIST_TOPIC: &str = concat!(
-    "SELECT ",
-    event_cols!(),
-    " FROM mailroom.events e
-     WHERE e.topic = ANY(ARRAY[$1::text])
-       AND ($2::text IS NULL OR e.status = $2)
-       AND ($3::text IS NULL OR e.key = $3)
-       AND ($4::int8 IS NULL OR e.seq < $4)
-     ORDER BY e.topic DESC, e.seq DESC LIMIT $5"
-);
-
-/// Events matching `filter`, newest first, a page at a time.
-pub(crate) async fn list(pool: &Db, filter: &ListFilter) -> Result<Page> {
-    const CTX: &str = "listing events";
-    if filter.status == Some(Status::Dead) {
-        let search = EventSearch {
-            filter: filter.clone(),
-            ..EventSearch::default()
-        };
-        return super::admin::walk(pool, &search).await;
-    }
-    let limit = match filter.limit {
-        0 => DEFAULT_LIMIT,
-        n => n.min(MAX_LIMIT),
-    };
-    let after_seq = match filter.cursor {
-        None => None,
-        Some(cursor) => Some(cursor_seq(pool, cursor).await?),
-    };
-    // One row more than the page tells whether another page follows.
-    let sql = if filter.topic.is_some() {
-        LIST_TOPIC
-    } else {
-        LIST_ALL
-    };
-    let rows = sqlx::query(sql)
-        .bind(filter.topic.as_deref())
-        .bind(filter.status.map(Status::as_str))
-        .bind(filter.key.as_deref())
-        .bind(after_seq)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(pool)
-        .await
-        .map_err(db(CTX))?;
-    let events: Vec<Event> = events_from_rows(&rows)?
-        .into_iter()
-        .map(|(_, e)| e)
-        .collect();
-    Ok(Page::from_overfetch(events, limit))
 }
 
 /// The `seq` a listing cursor stands for.

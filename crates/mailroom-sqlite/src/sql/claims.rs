@@ -446,9 +446,12 @@ mod tests {
     #[test]
     fn claims_are_not_recompiled_per_call() {
         let dir = tempfile::tempdir().unwrap();
-        let conn =
-            crate::store::open_connection(&dir.path().join("t.db"), Duration::from_secs(1), false)
-                .unwrap();
+        let conn = crate::connection::open_connection(
+            &dir.path().join("t.db"),
+            Duration::from_secs(1),
+            false,
+        )
+        .unwrap();
         crate::schema::migrate(&conn, 0).unwrap();
         for (i, max) in [5u32, 7, 100, 1].into_iter().enumerate() {
             let req = ClaimRequest {
@@ -472,9 +475,12 @@ mod tests {
     #[test]
     fn claims_walk_indexes_in_claim_order_without_sorting() {
         let dir = tempfile::tempdir().unwrap();
-        let conn =
-            crate::store::open_connection(&dir.path().join("t.db"), Duration::from_secs(1), false)
-                .unwrap();
+        let conn = crate::connection::open_connection(
+            &dir.path().join("t.db"),
+            Duration::from_secs(1),
+            false,
+        )
+        .unwrap();
         crate::schema::migrate(&conn, 0).unwrap();
         let held_min = "SELECT MIN(e.held_until) FROM events e INDEXED BY events_pending
              WHERE e.topic = ?1 AND e.status = 'pending' AND e.held_until IS NOT NULL";

@@ -11,7 +11,8 @@
 
 use bytes::Bytes;
 use jiff::Timestamp;
-use mailroom_core::{Event, EventId, Result, StoreError};
+use mailroom_core::event_row::{self, EventColumn, EventRow};
+use mailroom_core::{Event, Result, StoreError};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, Row, ToSql};
 use std::time::Duration;
@@ -75,48 +76,50 @@ pub(super) fn col<T: FromSql>(row: &Row<'_>, i: usize) -> Result<T> {
         .map_err(|e| StoreError::Corrupt(format!("events column {i}: {e}")))
 }
 
-/// The payload as bytes. Applications writing through the documented outbox
-/// INSERT may bind a string instead of a blob; both are the same bytes.
-pub(super) fn payload_col(row: &Row<'_>, i: usize) -> Result<Option<Bytes>> {
-    use rusqlite::types::ValueRef;
-    match row.get_ref(i) {
-        Ok(ValueRef::Null) => Ok(None),
-        Ok(ValueRef::Blob(b)) | Ok(ValueRef::Text(b)) => Ok(Some(Bytes::copy_from_slice(b))),
-        Ok(other) => Err(StoreError::Corrupt(format!(
-            "events column {i}: payload of type {:?}",
-            other.data_type()
-        ))),
-        Err(e) => Err(StoreError::Corrupt(format!("events column {i}: {e}"))),
+/// A row selected with `event_cols!()`, read for [`event_row::decode`]
+/// (times are stored as milliseconds since the epoch).
+struct SqliteEvent<'a, 'r>(&'a Row<'r>);
+
+impl SqliteEvent<'_, '_> {
+    fn get<T: FromSql>(&self, c: EventColumn) -> Result<T> {
+        self.0.get(c.index()).map_err(|e| corrupt(c, e))
+    }
+}
+
+fn corrupt(c: EventColumn, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("events column {}: {e}", c.name()))
+}
+
+impl EventRow for SqliteEvent<'_, '_> {
+    fn text(&self, c: EventColumn) -> Result<String> {
+        self.get(c)
+    }
+    fn opt_text(&self, c: EventColumn) -> Result<Option<String>> {
+        self.get(c)
+    }
+    fn integer(&self, c: EventColumn) -> Result<i64> {
+        self.get(c)
+    }
+    fn opt_instant(&self, c: EventColumn) -> Result<Option<Timestamp>> {
+        opt_ts(self.get(c)?)
+    }
+    /// The payload as bytes. Applications writing through the documented
+    /// outbox INSERT may bind a string instead of a blob; both are the same
+    /// bytes.
+    fn bytes(&self, c: EventColumn) -> Result<Option<Bytes>> {
+        use rusqlite::types::ValueRef;
+        match self.0.get_ref(c.index()) {
+            Ok(ValueRef::Null) => Ok(None),
+            Ok(ValueRef::Blob(b)) | Ok(ValueRef::Text(b)) => Ok(Some(Bytes::copy_from_slice(b))),
+            Ok(other) => Err(corrupt(c, format!("of type {:?}", other.data_type()))),
+            Err(e) => Err(corrupt(c, e)),
+        }
     }
 }
 
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
 pub(super) fn event_from_row(row: &Row<'_>) -> Result<(i64, Event)> {
-    let id: String = col(row, 1)?;
-    let status: String = col(row, 7)?;
-    let event = Event {
-        id: EventId::parse_stored(&id)?,
-        source: col(row, 2)?,
-        topic: col(row, 3)?,
-        dedup_key: col(row, 4)?,
-        key: col(row, 5)?,
-        event_type: col(row, 6)?,
-        status: status.parse().map_err(StoreError::Corrupt)?,
-        attempts: col(row, 8)?,
-        max_attempts: col(row, 9)?,
-        next_attempt_at: opt_ts(col(row, 10)?)?,
-        received_at: ts(col(row, 11)?)?,
-        correlation_id: col(row, 12)?,
-        causation_id: col(row, 13)?,
-        content_type: col(row, 14)?,
-        payload: payload_col(row, 15)?,
-        last_error: col(row, 16)?,
-        lease_until: opt_ts(col(row, 17)?)?,
-        traceparent: col(row, 18)?,
-        priority: col(row, 19)?,
-        history: Vec::new(),
-    };
-    Ok((col(row, 0)?, event))
+    event_row::decode(&SqliteEvent(row))
 }
 
 /// Runs a query returning `event_cols!()` rows.
@@ -133,4 +136,17 @@ pub(super) fn query_events(
         out.push(event_from_row(row)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use mailroom_core::event_row::{EVENT_COLUMNS, selected_names};
+
+    /// The select list every event statement uses names the shared event
+    /// columns in their order, which the decoding reads by position.
+    #[test]
+    fn the_event_select_list_is_the_shared_column_list() {
+        let names: Vec<&str> = EVENT_COLUMNS.iter().map(|c| c.name()).collect();
+        assert_eq!(selected_names(event_cols!()), names);
+    }
 }

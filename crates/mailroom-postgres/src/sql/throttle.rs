@@ -1,4 +1,4 @@
-//! Scheduling limits shared by every instance on the database:
+//! What holds a topic's claims back, shared by every instance on the database:
 //! the rate budget in `mailroom.topic_limits` (taken by
 //! `mailroom.take_tokens`, migration 10), the topic pause, and
 //! `max_running`, checked and filled under one advisory lock per topic.

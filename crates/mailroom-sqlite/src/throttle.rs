@@ -1,4 +1,4 @@
-//! Scheduling limits on SQLite: the rate budgets and topic
+//! What holds a topic's claims back on SQLite: the rate budgets and topic
 //! pauses live in this process's memory (one `serve` per file is the
 //! SQLite deployment; PostgreSQL shares them across instances), with the
 //! arithmetic of [`TokenBucket`]. `max_running` needs no state here: a
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// The rate budgets and pauses of one store handle.
 #[derive(Debug)]
-pub(crate) struct Limits {
+pub(crate) struct Throttle {
     /// The budgets' clock: seconds since this.
     epoch: Instant,
     buckets: Mutex<HashMap<String, TokenBucket>>,
@@ -21,7 +21,7 @@ pub(crate) struct Limits {
     paused: Mutex<HashMap<String, Timestamp>>,
 }
 
-impl Default for Limits {
+impl Default for Throttle {
     fn default() -> Self {
         Self {
             epoch: Instant::now(),
@@ -31,7 +31,7 @@ impl Default for Limits {
     }
 }
 
-impl Limits {
+impl Throttle {
     pub(crate) fn take(&self, topic: &str, rate: Rate, want: u32) -> Grant {
         let now = self.epoch.elapsed().as_secs_f64();
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);

@@ -1,0 +1,6 @@
+-- Each recorded version says which older builds still run against
+-- the schema it made (`compatible_from`; NULL: only builds that know
+-- it), so a build that meets a newer schema than its own knows whether
+-- to run (a rolling upgrade) or to refuse (`SchemaVersion`).
+
+    ALTER TABLE mailroom.schema_migrations ADD COLUMN compatible_from bigint;
