@@ -37,10 +37,9 @@
 
 #![deny(missing_docs)]
 
-mod claimer;
+mod claim;
 mod completer;
 mod db;
-mod floor;
 mod listen;
 mod options;
 pub mod outbox;

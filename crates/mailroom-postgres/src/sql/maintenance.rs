@@ -163,7 +163,7 @@ pub(crate) async fn expire(
     limit: u32,
 ) -> Result<u64> {
     // Scheduled rows due long ago (a busy topic) are pending first.
-    sqlx::query(super::claims::PROMOTE)
+    sqlx::query(crate::claim::heads::PROMOTE)
         .bind(topic)
         .execute(pool)
         .await

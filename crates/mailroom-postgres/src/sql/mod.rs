@@ -1,10 +1,10 @@
 //! The SQL of every store operation, as plain async functions of a pool,
 //! one file per concern: [`rows`] (insert, get), [`search`] (listings and
-//! searches), [`claims`],
-//! [`completions`] (complete, extend), [`admin`] (replay, skip),
+//! searches), [`completions`] (complete, extend), [`admin`] (replay, skip),
 //! [`maintenance`] (rescue, retention, election) and
 //! [`stats`](mod@stats). This file holds what they share: error mapping,
-//! time conversion and row decoding.
+//! time conversion and row decoding. The claim, with its statements, is
+//! a module of its own ([`claim`](crate::claim)).
 //!
 //! Times cross the wire as `bigint` microseconds since the Unix epoch (the
 //! resolution of `timestamptz`), so no date-time crate is needed between
@@ -53,8 +53,6 @@ macro_rules! event_cols {
 }
 
 mod admin;
-#[macro_use]
-mod claims;
 mod completions;
 mod maintenance;
 #[cfg(test)]
@@ -65,10 +63,6 @@ mod stats;
 mod throttle;
 
 pub(crate) use admin::{cancel, cancel_matching, replay, replay_matching, skip};
-pub(crate) use claims::{
-    CLAIM_IDLE_LIMIT, CLAIM_LOCK_CLASS, Position, SEQUENTIAL_WINDOW, SPARSE_WINDOW, claim_from,
-    claim_heads, claim_order, next_due, raise_waiting,
-};
 pub(crate) use completions::{complete, complete_many, extend};
 pub(crate) use maintenance::{expire, purge, rescue_expired, try_lead};
 pub(crate) use rows::{get, insert_batch};
@@ -103,11 +97,11 @@ pub(crate) fn ts(us: i64) -> Result<Timestamp> {
         .map_err(|e| StoreError::Corrupt(format!("timestamp {us} out of range: {e}")))
 }
 
-pub(super) fn opt_ts(us: Option<i64>) -> Result<Option<Timestamp>> {
+pub(crate) fn opt_ts(us: Option<i64>) -> Result<Option<Timestamp>> {
     us.map(ts).transpose()
 }
 
-pub(super) fn col<'r, T>(row: &'r PgRow, i: usize) -> Result<T>
+pub(crate) fn col<'r, T>(row: &'r PgRow, i: usize) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
@@ -121,7 +115,12 @@ pub(super) fn count(row: &PgRow, i: usize) -> Result<u32> {
 }
 
 /// How many columns `event_cols!()` selects.
-pub(super) const EVENT_COLS: usize = EVENT_COLUMNS.len();
+pub(crate) const EVENT_COLS: usize = EVENT_COLUMNS.len();
+
+/// `event_cols!()`, for the statements written out in `.sql` files (the
+/// claim's), which a test checks select it.
+#[cfg(test)]
+pub(crate) const EVENT_SELECT: &str = event_cols!();
 
 /// A row selected with `event_cols!()`, read for [`event_row::decode`]
 /// (times arrive as microseconds since the epoch).
@@ -160,7 +159,7 @@ impl EventRow for PgEvent<'_> {
 }
 
 /// Decodes a row selected with `event_cols!()`; returns its `seq` too.
-pub(super) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
+pub(crate) fn event_from_row(row: &PgRow) -> Result<(i64, Event)> {
     event_row::decode(&PgEvent(row))
 }
 

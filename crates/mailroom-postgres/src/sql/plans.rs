@@ -5,13 +5,17 @@
 //! through its keys; nothing scans either table.
 #![allow(clippy::unwrap_used)]
 
-use super::claims::{
-    CLAIM_ANY, CLAIM_FROM, DUE_HEAD_IN_WALK, DUE_HEAD_IN_WALK_SKIP_DEAD, HEADS_BY_KEY,
-    HEADS_BY_KEY_SKIP_DEAD, KEYLESS, NEXT_DUE, PROMOTE, SEQUENTIAL_WINDOW,
-};
 use super::completions::COMPLETE_MANY;
 use super::maintenance::RESCUE;
 use super::search::LIST_TOPIC;
+use crate::claim::due::{
+    DUE_HEAD_IN_WALK, DUE_HEAD_IN_WALK_SKIP_DEAD, NEXT_DUE, NEXT_DUE_BY_KEY,
+    NEXT_DUE_BY_KEY_SKIP_DEAD,
+};
+use crate::claim::heads::{
+    HEADS_BY_KEY, HEADS_BY_KEY_SKIP_DEAD, KEYLESS, PROMOTE, SEQUENTIAL_WINDOW, WALK, WALK_SKIP_DEAD,
+};
+use crate::claim::independent::{CLAIM_ANY, CLAIM_FROM};
 use sqlx::Row;
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryScalar;
@@ -174,8 +178,8 @@ async fn claims_walk_the_queue_index_whatever_the_statistics_say() {
                 .bind(30_000_000_i64)
                 .bind("w")
         };
-        let block = claim_walk!(first_block!());
-        let skip = claim_walk!(first_skip!());
+        let block = WALK;
+        let skip = WALK_SKIP_DEAD;
         let mut plans = vec![
             ("single", plan(&mut conn, single).await),
             ("single, from a floor", plan(&mut conn, from_floor).await),
@@ -307,11 +311,8 @@ async fn heads_by_key_probe_the_open_keys_index() {
         ("heads by key, on_dead = skip", HEADS_BY_KEY_SKIP_DEAD),
     ];
     let next_due = [
-        ("next due", next_due_by_key!("")),
-        (
-            "next due, on_dead = skip",
-            next_due_by_key!("AND f.state <> 'dead'"),
-        ),
+        ("next due", NEXT_DUE_BY_KEY),
+        ("next due, on_dead = skip", NEXT_DUE_BY_KEY_SKIP_DEAD),
     ];
     for moment in ["all pending", "most finished"] {
         if moment == "most finished" {
@@ -517,7 +518,7 @@ async fn topic_listings_read_the_topic_index() {
 #[tokio::test]
 async fn sequential_claims_find_their_rows_by_seq_without_statistics() {
     let mut conn = backlog(1000).await;
-    for sql in [claim_walk!(first_block!()), claim_walk!(first_skip!())] {
+    for sql in [WALK, WALK_SKIP_DEAD] {
         let query = explain(sql)
             .bind("t")
             .bind(256_i64)
@@ -552,7 +553,7 @@ fn sum_on(node: &serde_json::Value, index: &str, field: &str) -> u64 {
     own + children
 }
 
-/// A sequential claim's walk (`sql`, [`claim_walk!`]) asking for `max`
+/// A sequential claim's walk (`sql`, [`WALK`]) asking for `max`
 /// heads, run in a transaction rolled back after, its custom plan or its
 /// generic one: its head-rule probes of `queue_keys`, the rows it walked
 /// in `queue_claim`, and its scans of the queue's primary key.
@@ -628,8 +629,8 @@ async fn a_sequential_claim_tests_only_the_rows_it_takes() {
             backlog(1000).await
         };
         for (name, sql) in [
-            ("on_dead = block", claim_walk!(first_block!())),
-            ("on_dead = skip", claim_walk!(first_skip!())),
+            ("on_dead = block", WALK),
+            ("on_dead = skip", WALK_SKIP_DEAD),
         ] {
             for generic in [false, true] {
                 let (probes, walked, by_seq) = head_probes(&mut conn, sql, 100, generic).await;

@@ -13,7 +13,7 @@ use std::time::Duration;
 /// The first half of the advisory lock `max_running` claims of a topic take
 /// (`pg_advisory_xact_lock(int, int)`, the second half `hashtext(topic)`):
 /// a space of its own, apart from the claim locks of sequential topics
-/// (`claims::CLAIM_LOCK_CLASS`) and from the one-`bigint` locks
+/// (`claim::claimer::CLAIM_LOCK_CLASS`) and from the one-`bigint` locks
 /// (migrations).
 const RUNNING_LOCK: i32 = 0x6d72_6c6d; // "mrlm"
 

@@ -29,7 +29,7 @@
 //! Sequential topics do not use floors: the head rule reads older events
 //! anyway.
 
-use crate::sql::{Position, claim_order};
+use super::{Position, claim_order};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The claim lock of a sequential topic, held across its claims.
 //!
 //! Claims of a sequential topic take turns under its claim lock, a
-//! PostgreSQL advisory lock (`sql::claim_heads`). Taking it inside each
+//! PostgreSQL advisory lock ([`heads`](super::heads)). Taking it inside each
 //! claim's transaction cost four round trips a claim (`BEGIN`, the lock,
 //! the statement, `COMMIT`) where a claim of independent events makes
 //! one. So each store gives each sequential topic it claims a *claimer*:
@@ -45,12 +45,28 @@
 //! The connection is outside the store's pool: one per sequential topic
 //! this store claims, kept while the store lives.
 
-use crate::sql::{CLAIM_IDLE_LIMIT, CLAIM_LOCK_CLASS, db};
+use crate::sql::db;
 use crate::timeouts::PING_LIMIT;
 use mailroom_core::Result;
 use sqlx::{PgConnection, PgPool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Advisory-lock class (first half of the two-key form) of a sequential
+/// topic's claim lock, the second half `hashtext(topic)`, so it never
+/// meets the migration lock, `max_running`'s lock or an application's
+/// locks.
+pub(crate) const CLAIM_LOCK_CLASS: i32 = 0x6d72_6374; // "mrct"
+
+/// How long a session holding a topic's claim lock may sit idle before
+/// PostgreSQL ends it (`idle_session_timeout`): an instance stopped
+/// between two claims (paused, cut off) would otherwise stop every
+/// instance's claims of the topic until its connection died. A claimer
+/// lets go of the lock within milliseconds of its last claim
+/// ([`RELEASE_IDLE`], 5 ms), so a second is 200 times what a live one
+/// needs; with 10 s, two instances' deliveries stood still for 10 s when
+/// one was stopped with `SIGSTOP` while it held the lock.
+pub(crate) const CLAIM_IDLE_LIMIT: &str = "1s";
 
 /// How long a claimer keeps its topic's lock after a claim when no other
 /// claim of the topic follows (a draining topic loop claims again within

@@ -1,0 +1,33 @@
+WITH RECURSIVE keys (key, n) AS (
+                 (SELECT k.key, 1 FROM mailroom.queue k
+                  WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key IS NOT NULL
+                    AND k.state <> 'running'
+                  ORDER BY k.topic, k.key LIMIT 1)
+                 UNION ALL
+                 SELECT next.key, keys.n + 1
+                 FROM keys CROSS JOIN LATERAL (
+                     SELECT k.key FROM mailroom.queue k
+                     WHERE k.topic = ANY(ARRAY[$1::text]) AND k.key > keys.key
+                       AND k.key IS NOT NULL AND k.state <> 'running'
+                     ORDER BY k.topic, k.key LIMIT 1) next
+                 WHERE keys.n < 10000
+             ), heads AS (
+                 SELECT h.seq, h.key, h.run_at, h.ready_at
+                 FROM keys CROSS JOIN LATERAL (
+                     SELECT f.seq, f.key, f.state, f.run_at, f.ready_at FROM mailroom.queue f
+                     WHERE f.topic = ANY(ARRAY[$1::text]) AND f.key IS NOT NULL
+                       AND f.state <> 'running'
+                       AND f.key >= keys.key AND f.key <= keys.key AND f.state <> 'dead'
+                     ORDER BY f.topic, f.key, f.seq LIMIT 1) h
+                 WHERE h.state = 'pending'
+                   AND NOT EXISTS (SELECT 1 FROM mailroom.queue r
+                       WHERE r.topic = $1 AND r.key = keys.key AND r.state = 'running')
+             ), picked AS (UPDATE mailroom.queue e SET state = 'running'
+                 WHERE e.seq = ANY(ARRAY(SELECT h.seq FROM heads h WHERE h.run_at <= now() AND ($3::int8 IS NULL OR h.ready_at > now() - $3 * interval '1 microsecond') ORDER BY h.seq LIMIT $2)) AND COALESCE(e.state, '') = 'pending' RETURNING e.seq, e.priority), claimed AS (
+                 UPDATE mailroom.events e
+                 SET status = 'running', attempts = e.attempts + 1,
+                     lease_until = statement_timestamp() + $4 * interval '1 microsecond',
+                     started_at = statement_timestamp(), worker = $5, next_attempt_at = NULL
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))
+                 RETURNING e.*
+             ) SELECT e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status, e.attempts, e.max_attempts, (extract(epoch FROM e.next_attempt_at) * 1000000)::int8, (extract(epoch FROM e.received_at) * 1000000)::int8, e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, (extract(epoch FROM e.lease_until) * 1000000)::int8, e.traceparent, e.priority, p.priority FROM claimed e JOIN picked p ON p.seq = e.seq

@@ -1,0 +1,11 @@
+WITH picked AS (UPDATE mailroom.queue e SET state = 'running'
+                 WHERE e.seq = ANY(ARRAY(SELECT k.seq FROM mailroom.queue k
+             WHERE k.topic = ANY(ARRAY[$1::text]) AND k.state = 'pending'
+               AND k.run_at <= now() AND k.key IS NULL AND ($3::int8 IS NULL OR k.ready_at > now() - $3 * interval '1 microsecond') ORDER BY k.topic, -k.priority, k.seq LIMIT $2)) AND COALESCE(e.state, '') = 'pending' RETURNING e.seq, e.priority), claimed AS (
+                 UPDATE mailroom.events e
+                 SET status = 'running', attempts = e.attempts + 1,
+                     lease_until = statement_timestamp() + $4 * interval '1 microsecond',
+                     started_at = statement_timestamp(), worker = $5, next_attempt_at = NULL
+                 WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))
+                 RETURNING e.*
+             ) SELECT e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status, e.attempts, e.max_attempts, (extract(epoch FROM e.next_attempt_at) * 1000000)::int8, (extract(epoch FROM e.received_at) * 1000000)::int8, e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, (extract(epoch FROM e.lease_until) * 1000000)::int8, e.traceparent, e.priority, p.priority FROM claimed e JOIN picked p ON p.seq = e.seq
