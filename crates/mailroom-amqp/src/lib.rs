@@ -31,4 +31,7 @@ pub use connection::{AmqpConnection, AmqpStatus, declare_at};
 pub use error::{AmqpError, Result};
 pub use publish::{AmqpHandler, AmqpHandlerSpec};
 pub use source::{AmqpSource, AmqpSourceSpec};
-pub use topology::{Binding, Declared, ExchangeSpec, ExchangeType, QueueSpec, Topology, declare};
+pub use topology::{
+    Binding, DeadLetterRoute, Declared, ExchangeSpec, ExchangeType, Overflow, QueueArgument,
+    QueueSpec, QueueType, Topology, declare,
+};

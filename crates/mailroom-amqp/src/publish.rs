@@ -48,6 +48,11 @@ pub struct AmqpHandlerSpec {
     /// Publish the JSON envelope `{eventId, eventType, version, occurredAt,
     /// correlationId, causationId, data}` instead of the raw payload.
     pub envelope: bool,
+    /// Each message's `expiration`: a queue drops (or dead-letters) it
+    /// when it has waited that long. `None`: it never expires.
+    pub expiration: Option<std::time::Duration>,
+    /// Each message's `priority` (0 to 255), for queues with `max_priority`.
+    pub priority: Option<u8>,
 }
 
 impl AmqpHandlerSpec {
@@ -57,6 +62,8 @@ impl AmqpHandlerSpec {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             envelope: false,
+            expiration: None,
+            priority: None,
         }
     }
 }
@@ -215,6 +222,12 @@ impl AmqpHandler {
         }
         if let Some(v) = short_opt(content_type.as_deref()) {
             props = props.with_content_type(v);
+        }
+        if let Some(e) = self.inner.spec.expiration {
+            props = props.with_expiration(e.as_millis().to_string().into());
+        }
+        if let Some(p) = self.inner.spec.priority {
+            props = props.with_priority(p);
         }
         props
     }

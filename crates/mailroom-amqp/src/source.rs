@@ -60,6 +60,19 @@ pub struct AmqpSourceSpec {
     /// Where the ordering key lives: an AMQP header, or a JSON pointer into
     /// the body as for webhooks. `None`: the topic's.
     pub key: Option<Field>,
+    /// Where the dedup key lives (a business id: two messages with different
+    /// `message_id`s but the same value here are one event). A message
+    /// without it is rejected. `None`: `message_id`, else the envelope's
+    /// `eventId`.
+    pub id: Option<Field>,
+    /// Where the event type lives. `None`: the `type` property, else the
+    /// envelope's `eventType`.
+    pub event_type: Option<Field>,
+    /// Where an RFC 3339 time lives before which the event must not run.
+    /// `None`: due at once.
+    pub deliver_at: Option<Field>,
+    /// Where the event's priority (an integer) lives. `None`: 0.
+    pub priority: Option<Field>,
 }
 
 impl AmqpSourceSpec {
@@ -78,6 +91,10 @@ impl AmqpSourceSpec {
             queue: queue.into(),
             prefetch: Self::DEFAULT_PREFETCH,
             key: None,
+            id: None,
+            event_type: None,
+            deliver_at: None,
+            priority: None,
         }
     }
 }
@@ -264,31 +281,59 @@ impl AmqpSource {
     /// Reads a delivery into a [`Draft`], or says why it can never be stored.
     fn draft(&self, props: &BasicProperties, body: &[u8]) -> Result<Draft, String> {
         let inner = &self.inner;
+        let spec = &inner.spec;
         let message = Message::new(props, body);
-        let dedup_key = message
-            .property(props.message_id())
-            .or_else(|| message.envelope("eventId"))
-            .ok_or_else(|| match &message.json {
-                Some(Err(e)) => format!("no message_id, and the body is not JSON ({e})"),
-                _ => "no message_id property and no eventId in the body".to_string(),
-            })?;
+        let dedup_key = match &spec.id {
+            Some(field) => message
+                .field(field, "dedup key")?
+                .ok_or_else(|| format!("no dedup key at {}", describe(field)))?,
+            None => message
+                .property(props.message_id())
+                .or_else(|| message.envelope("eventId"))
+                .ok_or_else(|| match &message.json {
+                    Some(Err(e)) => format!("no message_id, and the body is not JSON ({e})"),
+                    _ => "no message_id property and no eventId in the body".to_string(),
+                })?,
+        };
         let key = match &inner.key {
-            Some(field) => message.field(field)?,
+            Some(field) => message.field(field, "key")?,
             None => None,
         };
         // Lengths, the key a sequential topic needs: the engine's rules
         // (mailroom::accept), applied by `enqueue`.
-        let mut draft = Draft::bytes(inner.spec.topic.clone(), Bytes::copy_from_slice(body))
-            .source(inner.spec.name.clone())
+        let mut draft = Draft::bytes(spec.topic.clone(), Bytes::copy_from_slice(body))
+            .source(spec.name.clone())
             .dedup_key(dedup_key);
         if let Some(k) = key {
             draft = draft.key(k);
         }
-        if let Some(t) = message
-            .property(props.kind())
-            .or_else(|| message.envelope("eventType"))
-        {
+        let event_type = match &spec.event_type {
+            Some(field) => message.field(field, "type")?,
+            None => message
+                .property(props.kind())
+                .or_else(|| message.envelope("eventType")),
+        };
+        if let Some(t) = event_type {
             draft = draft.event_type(t);
+        }
+        if let Some(field) = &spec.deliver_at {
+            if let Some(text) = message.field(field, "deliver_at")? {
+                let at = text.parse::<jiff::Timestamp>().map_err(|_| {
+                    format!(
+                        "deliver_at ({}): {text:?} is not an RFC 3339 time",
+                        describe(field)
+                    )
+                })?;
+                draft = draft.deliver_at(at);
+            }
+        }
+        if let Some(field) = &spec.priority {
+            if let Some(text) = message.field(field, "priority")? {
+                let priority = text.parse::<i32>().map_err(|_| {
+                    format!("priority ({}): {text:?} is not an integer", describe(field))
+                })?;
+                draft = draft.priority(priority);
+            }
         }
         let correlation = message.property(props.correlation_id());
         if let Some(c) = correlation.or_else(|| message.envelope("correlationId")) {
@@ -309,6 +354,15 @@ impl AmqpSource {
             None => {}
         }
         Ok(draft)
+    }
+}
+
+/// Where a field is read from, for messages about it.
+fn describe(field: &Field) -> String {
+    match field {
+        Field::Header(name) => format!("header {name}"),
+        Field::Json(pointer) => format!("JSON pointer {pointer}"),
+        Field::BodySha256 => "the body's SHA-256".to_string(),
     }
 }
 
@@ -343,6 +397,12 @@ impl<'a> Message<'a> {
             AMQPValue::ShortString(s) => s.as_str().to_owned(),
             AMQPValue::LongLongInt(n) => n.to_string(),
             AMQPValue::LongInt(n) => n.to_string(),
+            AMQPValue::LongUInt(n) => n.to_string(),
+            AMQPValue::ShortInt(n) => n.to_string(),
+            AMQPValue::ShortUInt(n) => n.to_string(),
+            AMQPValue::ShortShortInt(n) => n.to_string(),
+            AMQPValue::ShortShortUInt(n) => n.to_string(),
+            AMQPValue::Timestamp(n) => n.to_string(),
             _ => return None,
         };
         Some(text.trim().to_owned()).filter(|s| !s.is_empty())
@@ -357,21 +417,22 @@ impl<'a> Message<'a> {
         }
     }
 
-    /// The ordering key: a header, or a JSON pointer into the body.
-    fn field(&self, field: &Field) -> Result<Option<String>, String> {
+    /// A field (`what`: the dedup key, key, type...): a header, or a JSON
+    /// pointer into the body.
+    fn field(&self, field: &Field, what: &str) -> Result<Option<String>, String> {
         match field {
             Field::Header(name) => Ok(self.header(name)),
             Field::Json(pointer) => match &self.json {
                 Some(Ok(doc)) => Ok(match doc.pointer(pointer) {
-                    Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+                    Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_owned()),
                     Some(Value::Number(n)) => Some(n.to_string()),
                     _ => None,
                 }),
                 Some(Err(e)) => Err(format!(
-                    "the key is read from {pointer}, but the body is not JSON ({e})"
+                    "the {what} is read from {pointer}, but the body is not JSON ({e})"
                 )),
                 None => Err(format!(
-                    "the key is read from {pointer}, but the body is not JSON"
+                    "the {what} is read from {pointer}, but the body is not JSON"
                 )),
             },
             Field::BodySha256 => Ok(None),

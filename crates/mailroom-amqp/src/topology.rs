@@ -108,12 +108,148 @@ pub struct QueueSpec {
     /// dead-lettered (`x-max-length`).
     pub max_length: Option<u64>,
     /// Declares a direct exchange [`dead_letter_exchange`](Self::dead_letter_exchange)
-    /// and a durable queue `<queue>.dlq` bound to it with the queue's name,
+    /// (unless the topology declares it) and a durable queue `<queue>.dlq`
+    /// bound to it with [`dead_letter_routing_key`](Self::dead_letter_routing_key),
     /// and points the queue's `x-dead-letter-exchange` at it.
     pub dead_letter: bool,
+    /// The dead-letter exchange's and routing key's names, when not the
+    /// defaults (`<exchange>.dlx` and the queue's name).
+    pub dead_letter_route: DeadLetterRoute,
     /// Where the queue gets its messages from.
     pub bindings: Vec<Binding>,
+    /// `x-queue-type`; `None`: the broker's default (classic), no argument.
+    pub queue_type: Option<QueueType>,
+    /// Deliveries of one message before a quorum queue dead-letters (or
+    /// drops) it (`x-delivery-limit`).
+    pub delivery_limit: Option<u32>,
+    /// Priorities the queue orders by, 1 to 255 (`x-max-priority`; classic).
+    pub max_priority: Option<u8>,
+    /// What a full queue does with a new message (`x-overflow`).
+    pub overflow: Option<Overflow>,
+    /// Used by one connection only, deleted when it closes.
+    pub exclusive: bool,
+    /// Deleted when its last consumer leaves.
+    pub auto_delete: bool,
+    /// Further arguments, as given (names not set by the keys above).
+    pub extra: Vec<(String, QueueArgument)>,
 }
+
+/// A further queue argument's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueArgument {
+    /// A boolean.
+    Bool(bool),
+    /// An integer (sent as a signed 64-bit integer).
+    Int(i64),
+    /// Text (sent as a long string).
+    Text(String),
+}
+
+impl QueueArgument {
+    fn amqp(&self) -> AMQPValue {
+        match self {
+            QueueArgument::Bool(b) => AMQPValue::Boolean(*b),
+            QueueArgument::Int(n) => AMQPValue::LongLongInt(*n),
+            QueueArgument::Text(t) => AMQPValue::LongString(t.clone().into()),
+        }
+    }
+}
+
+/// Where a queue's dead letters go: `None`s mean the defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterRoute {
+    /// The dead-letter exchange (`x-dead-letter-exchange`).
+    pub exchange: Option<String>,
+    /// The routing key dead letters are published with
+    /// (`x-dead-letter-routing-key`).
+    pub routing_key: Option<String>,
+}
+
+/// A queue's type (`x-queue-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueType {
+    /// The classic queue.
+    Classic,
+    /// A replicated queue (Raft); durable, never exclusive or auto-deleted.
+    Quorum,
+    /// An append-only log; consumers need a prefetch.
+    Stream,
+}
+
+impl QueueType {
+    /// The name used in configuration and by the broker.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+            QueueType::Stream => "stream",
+        }
+    }
+}
+
+impl std::str::FromStr for QueueType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "classic" => Ok(QueueType::Classic),
+            "quorum" => Ok(QueueType::Quorum),
+            "stream" => Ok(QueueType::Stream),
+            _ => Err(format!(
+                "{s:?} is not a queue type: use classic, quorum or stream"
+            )),
+        }
+    }
+}
+
+/// What a full queue (`max_length`) does with a new message (`x-overflow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Drops (or dead-letters) the oldest message.
+    DropHead,
+    /// Refuses the new one (a publisher with confirms gets a nack).
+    RejectPublish,
+    /// Refuses the new one and dead-letters it (classic queues).
+    RejectPublishDlx,
+}
+
+impl Overflow {
+    /// The name used in configuration and by the broker.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::DropHead => "drop-head",
+            Overflow::RejectPublish => "reject-publish",
+            Overflow::RejectPublishDlx => "reject-publish-dlx",
+        }
+    }
+}
+
+impl std::str::FromStr for Overflow {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "drop-head" => Ok(Overflow::DropHead),
+            "reject-publish" => Ok(Overflow::RejectPublish),
+            "reject-publish-dlx" => Ok(Overflow::RejectPublishDlx),
+            _ => Err(format!(
+                "{s:?} is not an overflow behaviour: use drop-head, reject-publish or reject-publish-dlx"
+            )),
+        }
+    }
+}
+
+/// The `x-` arguments the typed keys of [`QueueSpec`] set.
+pub const TYPED_ARGUMENTS: [&str; 8] = [
+    "x-queue-type",
+    "x-message-ttl",
+    "x-max-length",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-delivery-limit",
+    "x-max-priority",
+    "x-overflow",
+];
 
 /// A queue's binding to an exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +269,15 @@ impl QueueSpec {
             ttl: None,
             max_length: None,
             dead_letter: false,
+            dead_letter_route: DeadLetterRoute::default(),
             bindings: vec![],
+            queue_type: None,
+            delivery_limit: None,
+            max_priority: None,
+            overflow: None,
+            exclusive: false,
+            auto_delete: false,
+            extra: vec![],
         }
     }
 
@@ -147,13 +291,25 @@ impl QueueSpec {
         self
     }
 
-    /// `<exchange>.dlx` after the queue's first bound exchange (so queues of
-    /// one exchange share one dead-letter exchange), else `<queue>.dlx`.
+    /// The dead-letter exchange: the route's, else `<exchange>.dlx` after
+    /// the queue's first bound exchange (so queues of one exchange share one
+    /// dead-letter exchange), else `<queue>.dlx`.
     pub fn dead_letter_exchange(&self) -> String {
+        if let Some(x) = &self.dead_letter_route.exchange {
+            return x.clone();
+        }
         match self.bindings.first() {
             Some(b) => format!("{}.dlx", b.exchange),
             None => format!("{}.dlx", self.name),
         }
+    }
+
+    /// The routing key dead letters carry: the route's, else the queue's name.
+    pub fn dead_letter_routing_key(&self) -> String {
+        self.dead_letter_route
+            .routing_key
+            .clone()
+            .unwrap_or_else(|| self.name.clone())
     }
 
     /// The dead-letter queue's name, `<queue>.dlq`: where rejected and
@@ -165,6 +321,12 @@ impl QueueSpec {
     /// The queue's `x-` arguments, in the form the broker compares them.
     pub fn arguments(&self) -> Result<Vec<(String, AMQPValue)>> {
         let mut args = vec![];
+        if let Some(t) = self.queue_type {
+            args.push((
+                "x-queue-type".into(),
+                AMQPValue::LongString(t.as_str().into()),
+            ));
+        }
         if let Some(ttl) = self.ttl {
             let ms = u32::try_from(ttl.as_millis()).map_err(|_| {
                 AmqpError::Invalid(format!(
@@ -191,10 +353,70 @@ impl QueueSpec {
             ));
             args.push((
                 "x-dead-letter-routing-key".into(),
-                AMQPValue::LongString(self.name.clone().into()),
+                AMQPValue::LongString(self.dead_letter_routing_key().into()),
             ));
         }
+        if let Some(n) = self.delivery_limit {
+            args.push(("x-delivery-limit".into(), AMQPValue::LongLongInt(n.into())));
+        }
+        if let Some(n) = self.max_priority {
+            args.push(("x-max-priority".into(), AMQPValue::LongLongInt(n.into())));
+        }
+        if let Some(o) = self.overflow {
+            args.push((
+                "x-overflow".into(),
+                AMQPValue::LongString(o.as_str().into()),
+            ));
+        }
+        for (k, v) in &self.extra {
+            if TYPED_ARGUMENTS.contains(&k.as_str()) {
+                return Err(AmqpError::Invalid(format!(
+                    "queue {:?}: argument {k:?} is set by its own key",
+                    self.name
+                )));
+            }
+            args.push((k.clone(), v.amqp()));
+        }
+        self.check()?;
         Ok(args)
+    }
+
+    /// What RabbitMQ refuses for the queue's type, said before the broker
+    /// closes a channel over it.
+    fn check(&self) -> Result<()> {
+        let refuse = |why: &str| Err(AmqpError::Invalid(format!("queue {:?}: {why}", self.name)));
+        if self.max_priority == Some(0) {
+            return refuse("max_priority must be 1 to 255");
+        }
+        match self.queue_type {
+            Some(QueueType::Quorum | QueueType::Stream) => {
+                let t = self.queue_type.map_or("", QueueType::as_str);
+                if !self.durable || self.exclusive || self.auto_delete {
+                    return refuse(&format!(
+                        "a {t} queue is durable, never exclusive or auto-deleted"
+                    ));
+                }
+                if self.max_priority.is_some() {
+                    return refuse(&format!("a {t} queue has no max_priority"));
+                }
+                if self.queue_type == Some(QueueType::Stream) {
+                    if self.dead_letter || self.delivery_limit.is_some() || self.overflow.is_some()
+                    {
+                        return refuse(
+                            "a stream queue has no dead_letter, delivery_limit or overflow",
+                        );
+                    }
+                } else if self.overflow == Some(Overflow::RejectPublishDlx) {
+                    return refuse("a quorum queue has no reject-publish-dlx overflow");
+                }
+            }
+            Some(QueueType::Classic) | None => {
+                if self.delivery_limit.is_some() {
+                    return refuse("delivery_limit needs type = \"quorum\"");
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -249,12 +471,15 @@ pub async fn declare(channel: &Channel, topology: &Topology) -> Result<Declared>
     }
     for queue in &topology.queues {
         if queue.dead_letter {
-            let dlx = ExchangeSpec::new(queue.dead_letter_exchange(), ExchangeType::Direct);
-            if !declared.exchanges.contains(&dlx) {
+            let name = queue.dead_letter_exchange();
+            // A dead-letter exchange the topology declares keeps its kind.
+            if !declared.exchanges.iter().any(|x| x.name == name) {
+                let dlx = ExchangeSpec::new(&name, ExchangeType::Direct);
                 declare_exchange(channel, &dlx).await?;
-                declared.exchanges.push(dlx.clone());
+                declared.exchanges.push(dlx);
             }
-            let dlq = QueueSpec::new(queue.dead_letter_queue()).bind(&dlx.name, &queue.name);
+            let dlq = QueueSpec::new(queue.dead_letter_queue())
+                .bind(&name, queue.dead_letter_routing_key());
             declare_queue(channel, &dlq, &mut declared).await?;
         }
         declare_queue(channel, queue, &mut declared).await?;
@@ -287,6 +512,8 @@ async fn declare_queue(channel: &Channel, spec: &QueueSpec, declared: &mut Decla
     }
     let options = QueueDeclareOptions {
         durable: spec.durable,
+        exclusive: spec.exclusive,
+        auto_delete: spec.auto_delete,
         ..QueueDeclareOptions::default()
     };
     let queue = channel
@@ -332,6 +559,8 @@ fn render(v: &AMQPValue) -> String {
     match v {
         AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
         AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::Double(f) => f.to_string(),
         other => format!("{other:?}"),
     }
 }

@@ -4,12 +4,16 @@
 //! [`AmqpHandler`]s, grouped by broker URL in an [`AmqpPlan`].
 
 use crate::error::ConfigError;
-use crate::file::{AmqpConfig, AmqpHandlerConfig, AmqpQueueConfig, Config, SourceConfig};
+use crate::file::{
+    AmqpArgument, AmqpConfig, AmqpDeadLetter, AmqpHandlerConfig, AmqpQueueConfig, Config,
+    FieldConfig, SourceConfig,
+};
 use crate::source::field;
 use mailroom::Engine;
 use mailroom_amqp::{
     AmqpConnection, AmqpError, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec,
-    ExchangeSpec, ExchangeType, QueueSpec, Topology,
+    DeadLetterRoute, ExchangeSpec, ExchangeType, Overflow, QueueArgument, QueueSpec, QueueType,
+    Topology, topology::TYPED_ARGUMENTS,
 };
 
 /// Longest name AMQP 0-9-1 carries (a short string).
@@ -137,11 +141,59 @@ fn queue(
             format!("{:?} is declared twice", q.name),
         ));
     }
+    let (dead_letter, dead_letter_route) = match &q.dead_letter {
+        AmqpDeadLetter::On(on) => (*on, DeadLetterRoute::default()),
+        AmqpDeadLetter::Route(r) => {
+            for (k, v) in [("exchange", &r.exchange), ("routing_key", &r.routing_key)] {
+                if let Some(v) = v {
+                    check_name(v, &format!("{at}.dead_letter.{k}"), cfg)?;
+                }
+            }
+            let route = DeadLetterRoute {
+                exchange: r.exchange.clone(),
+                routing_key: r.routing_key.clone(),
+            };
+            (true, route)
+        }
+    };
+    let queue_type = q
+        .queue_type
+        .as_deref()
+        .map(|t| {
+            t.parse::<QueueType>()
+                .map_err(|m| cfg.invalid(format!("{at}.type"), m))
+        })
+        .transpose()?;
+    let overflow = q
+        .overflow
+        .as_deref()
+        .map(|o| {
+            o.parse::<Overflow>()
+                .map_err(|m| cfg.invalid(format!("{at}.overflow"), m))
+        })
+        .transpose()?;
+    let mut extra = vec![];
+    for (k, v) in &q.arguments {
+        let key = format!("{at}.arguments.{k}");
+        check_name(k, &key, cfg)?;
+        if TYPED_ARGUMENTS.contains(&k.as_str()) {
+            return Err(cfg.invalid(key, "set by its own key of [[amqp.queue]]"));
+        }
+        extra.push((k.clone(), argument(v)));
+    }
     let mut spec = QueueSpec {
         durable: q.durable,
         ttl: q.ttl,
         max_length: q.max_length,
-        dead_letter: q.dead_letter,
+        dead_letter,
+        dead_letter_route,
+        queue_type,
+        delivery_limit: q.delivery_limit,
+        max_priority: q.max_priority,
+        overflow,
+        exclusive: q.exclusive,
+        auto_delete: q.auto_delete,
+        extra,
         ..QueueSpec::new(&q.name)
     };
     if q.ttl.is_some_and(|t| t.is_zero()) {
@@ -156,10 +208,28 @@ fn queue(
         check_short(&b.routing_key, &format!("{bat}.routing_key"), cfg)?;
         spec = spec.bind(&b.exchange, &b.routing_key);
     }
-    // The broker's limits (TTL in u32 milliseconds, max length in i64).
-    spec.arguments()
-        .map_err(|e| cfg.invalid(format!("{at}.ttl"), e.to_string()))?;
+    if q.max_priority == Some(0) {
+        return Err(cfg.invalid(format!("{at}.max_priority"), "must be 1 to 255"));
+    }
+    // The broker's limits (TTL in u32 milliseconds, max length in i64) and
+    // what a queue type refuses, named at the queue when not at one key.
+    if let Err(e) = spec.arguments() {
+        let key = if q.ttl.is_some_and(|t| t.as_millis() > u128::from(u32::MAX)) {
+            format!("{at}.ttl")
+        } else {
+            at.to_string()
+        };
+        return Err(cfg.invalid(key, e.to_string()));
+    }
     Ok(spec)
+}
+
+fn argument(v: &AmqpArgument) -> QueueArgument {
+    match v {
+        AmqpArgument::Bool(b) => QueueArgument::Bool(*b),
+        AmqpArgument::Int(n) => QueueArgument::Int(*n),
+        AmqpArgument::Text(t) => QueueArgument::Text(t.clone()),
+    }
 }
 
 /// `[[amqp.binding]]`: each names a declared queue and exchange.
@@ -240,7 +310,8 @@ fn url_or_default(url: &Option<String>, key: &str, cfg: &Config) -> Result<Strin
 }
 
 /// `source[idx]` with `amqp = {...}`: its consumer's spec and broker URL.
-/// Webhook-only keys are refused, since a queue has no requests to verify.
+/// Webhook-only keys are refused, since a queue has no requests to verify
+/// and a message no request to bound or limit.
 pub(crate) fn source(
     s: &SourceConfig,
     idx: usize,
@@ -249,17 +320,15 @@ pub(crate) fn source(
     let Some(a) = &s.amqp else { return Ok(None) };
     let at = |k: &str| format!("source[{idx}].{k}");
     let webhook_only = [
-        ("id", s.id.is_some()),
-        ("type", s.event_type.is_some()),
-        ("verify", s.verify.is_some()),
         ("preset", s.preset.is_some()),
+        ("verify", s.verify.is_some()),
         ("max_body", s.max_body.is_some()),
         ("rate_limit", s.rate_limit.is_some()),
     ];
     if let Some((k, _)) = webhook_only.iter().find(|(_, given)| *given) {
         return Err(cfg.invalid(
             at(k),
-            "webhook sources only: an AMQP source takes its dedup key from message_id (else the envelope's eventId) and its type from the message",
+            "webhook sources only: a queue's messages are not HTTP requests (the broker authenticates and bounds them)",
         ));
     }
     let url = url_or_default(&a.url, &at("amqp.url"), cfg)?;
@@ -270,14 +339,15 @@ pub(crate) fn source(
             "must be at least 1 (it bounds the deliveries stored at once)",
         ));
     }
-    let key = s
-        .key
-        .as_ref()
-        .map(|f| field(f, &at("key"), cfg))
-        .transpose()?;
+    let field_at =
+        |f: &Option<FieldConfig>, k: &str| f.as_ref().map(|f| field(f, &at(k), cfg)).transpose();
     let spec = AmqpSourceSpec {
         prefetch: a.prefetch,
-        key,
+        key: field_at(&s.key, "key")?,
+        id: field_at(&s.id, "id")?,
+        event_type: field_at(&s.event_type, "type")?,
+        deliver_at: field_at(&s.deliver_at, "deliver_at")?,
+        priority: field_at(&s.priority, "priority")?,
         ..AmqpSourceSpec::new(
             &s.name,
             s.topic.clone().unwrap_or_else(|| s.name.clone()),
@@ -308,8 +378,18 @@ pub(crate) fn handler(
             format!("unknown placeholder {{{bad}}}: use {{type}}, {{topic}} or {{key}}"),
         ));
     }
+    if h.expiration
+        .is_some_and(|e| e.is_zero() || e.as_millis() > u128::from(u32::MAX))
+    {
+        return Err(cfg.invalid(
+            at("expiration"),
+            format!("must be more than 0 and at most {} ms", u32::MAX),
+        ));
+    }
     let spec = AmqpHandlerSpec {
         envelope: h.envelope,
+        expiration: h.expiration,
+        priority: h.priority,
         ..AmqpHandlerSpec::new(&h.exchange, &h.routing_key)
     };
     Ok((url, AmqpHandler::new(spec)))
@@ -460,6 +540,73 @@ handler = { amqp = { exchange = "ev", routing_key = "{topic}.{key}", envelope = 
         assert!(plan.handlers[0].handler.spec().envelope);
     }
 
+    /// Queue types, limits, flags, raw arguments and a named dead-letter
+    /// route, and a handler's per-message expiration and priority, are read
+    /// into the specs declared and published.
+    #[test]
+    fn queue_keys_and_publish_properties_are_read() {
+        use mailroom_amqp::{DeadLetterRoute, Overflow, QueueArgument, QueueType};
+        let t = topology(
+            r#"
+[amqp]
+url = "amqp://x/%2f"
+[[amqp.queue]]
+name = "q"
+type = "quorum"
+delivery_limit = 5
+overflow = "reject-publish"
+dead_letter = { exchange = "dead", routing_key = "q-dead" }
+arguments = { "x-queue-leader-locator" = "balanced", "x-single-active-consumer" = true, "x-max-length-bytes" = 1000 }
+[[amqp.queue]]
+name = "p"
+type = "classic"
+max_priority = 10
+exclusive = true
+auto_delete = true
+[[topic]]
+name = "t"
+handler = { amqp = { exchange = "e", routing_key = "k", expiration = "10m", priority = 3 } }
+"#,
+        )
+        .unwrap();
+        let q = &t.amqp.topology.queues[0];
+        assert_eq!(q.queue_type, Some(QueueType::Quorum));
+        assert_eq!(q.delivery_limit, Some(5));
+        assert_eq!(q.overflow, Some(Overflow::RejectPublish));
+        assert!(q.dead_letter);
+        assert_eq!(
+            q.dead_letter_route,
+            DeadLetterRoute {
+                exchange: Some("dead".into()),
+                routing_key: Some("q-dead".into())
+            }
+        );
+        assert_eq!(
+            q.extra,
+            [
+                ("x-max-length-bytes".to_string(), QueueArgument::Int(1000)),
+                (
+                    "x-queue-leader-locator".to_string(),
+                    QueueArgument::Text("balanced".into())
+                ),
+                (
+                    "x-single-active-consumer".to_string(),
+                    QueueArgument::Bool(true)
+                ),
+            ]
+        );
+        let p = &t.amqp.topology.queues[1];
+        assert_eq!(
+            (p.queue_type, p.max_priority, p.exclusive, p.auto_delete),
+            (Some(QueueType::Classic), Some(10), true, true)
+        );
+        let h = t.amqp.handlers[0].handler.spec();
+        assert_eq!(
+            (h.expiration, h.priority),
+            (Some(Duration::from_secs(600)), Some(3))
+        );
+    }
+
     /// Sources and handlers on other brokers get their own connections, `[amqp].url` first.
     #[test]
     fn one_connection_per_distinct_url() {
@@ -525,6 +672,42 @@ handler = { amqp = { exchange = "", routing_key = "q", url = "amqp://b/%2f" } }
                 "amqp.queue[0]",
             ),
             (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\ntype = \"lazy\"\n",
+                "amqp.queue[0].type",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\noverflow = \"spill\"\n",
+                "amqp.queue[0].overflow",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\nmax_priority = 0\n",
+                "amqp.queue[0].max_priority",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\ndelivery_limit = 3\n",
+                "amqp.queue[0]",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\ntype = \"stream\"\ndead_letter = true\n",
+                "amqp.queue[0]",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\ntype = \"quorum\"\nexclusive = true\n",
+                "amqp.queue[0]",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\narguments = { \"x-message-ttl\" = 5 }\n",
+                "amqp.queue[0].arguments.x-message-ttl",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[amqp.queue]]\nname = \"q\"\ndead_letter = { exchange = \"\" }\n",
+                "amqp.queue[0].dead_letter.exchange",
+            ),
+            (
+                "[[topic]]\nname = \"t\"\nhandler = { amqp = { url = \"amqp://x\", exchange = \"e\", routing_key = \"k\", expiration = \"0s\" } }\n",
+                "topic[0].handler.amqp.expiration",
+            ),
+            (
                 "[amqp]\nurl = \"amqp://x\"\n[[amqp.binding]]\nqueue = \"q\"\nexchange = \"amq.direct\"\n",
                 "amqp.binding[0].queue",
             ),
@@ -545,8 +728,8 @@ handler = { amqp = { exchange = "", routing_key = "q", url = "amqp://b/%2f" } }
                 "source[0].amqp",
             ),
             (
-                "[[source]]\nname = \"s\"\nid = { json = \"/id\" }\namqp = { url = \"amqp://x\", queue = \"q\" }\n",
-                "source[0].id",
+                "[[source]]\nname = \"s\"\nverify = { scheme = \"github\", secret = \"x\" }\namqp = { url = \"amqp://x\", queue = \"q\" }\n",
+                "source[0].verify",
             ),
             (
                 "[[source]]\nname = \"s\"\nkey = { json = \"no-slash\" }\namqp = { url = \"amqp://x\", queue = \"q\" }\n",

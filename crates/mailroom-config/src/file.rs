@@ -667,12 +667,74 @@ pub struct AmqpQueueConfig {
     pub ttl: Option<Duration>,
     /// Most ready messages kept (`x-max-length`).
     pub max_length: Option<u64>,
-    /// Declare `<exchange>.dlx` (direct) and `<queue>.dlq`, and dead-letter
-    /// into them (`x-dead-letter-exchange`).
+    /// `true`: declare `<exchange>.dlx` (direct) and `<queue>.dlq`, and
+    /// dead-letter into them (`x-dead-letter-exchange`); `{ exchange,
+    /// routing_key }`: the same through the named exchange and routing key.
     #[serde(default)]
-    pub dead_letter: bool,
+    pub dead_letter: AmqpDeadLetter,
     /// `bind = { exchange, routing_key }`, or a list of them.
     pub bind: Option<AmqpBinds>,
+    /// `classic` (the broker's default), `quorum` or `stream` (`x-queue-type`).
+    #[serde(rename = "type")]
+    #[schemars(with = "Option<crate::schema::QueueTypeName>")]
+    pub queue_type: Option<String>,
+    /// Deliveries of a message before a quorum queue dead-letters it
+    /// (`x-delivery-limit`).
+    pub delivery_limit: Option<u32>,
+    /// Priorities the queue orders by, 1 to 255 (`x-max-priority`).
+    pub max_priority: Option<u8>,
+    /// What a full queue does with a new message: `drop-head`,
+    /// `reject-publish` or `reject-publish-dlx` (`x-overflow`).
+    #[schemars(with = "Option<crate::schema::OverflowName>")]
+    pub overflow: Option<String>,
+    /// Used by its declaring connection only (default false).
+    #[serde(default)]
+    pub exclusive: bool,
+    /// Deleted when its last consumer leaves (default false).
+    #[serde(default)]
+    pub auto_delete: bool,
+    /// Further queue arguments as the broker takes them, e.g.
+    /// `{ "x-queue-leader-locator" = "balanced" }`.
+    #[serde(default)]
+    pub arguments: BTreeMap<String, AmqpArgument>,
+}
+
+/// `dead_letter = true` or `dead_letter = { exchange, routing_key }`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum AmqpDeadLetter {
+    /// On (`<exchange>.dlx`, routing key the queue's name) or off.
+    On(bool),
+    /// On, through this exchange and routing key.
+    Route(AmqpDeadLetterRoute),
+}
+
+impl Default for AmqpDeadLetter {
+    fn default() -> Self {
+        AmqpDeadLetter::On(false)
+    }
+}
+
+/// `dead_letter = { exchange, routing_key }` of a queue.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpDeadLetterRoute {
+    /// The dead-letter exchange (default `<exchange>.dlx`).
+    pub exchange: Option<String>,
+    /// The routing key of dead letters (default the queue's name).
+    pub routing_key: Option<String>,
+}
+
+/// A queue argument's value: text, an integer or a boolean.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum AmqpArgument {
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// Text.
+    Text(String),
 }
 
 /// One binding, or several.
@@ -749,6 +811,13 @@ pub struct AmqpHandlerConfig {
     /// Publish the JSON envelope instead of the raw payload (default false).
     #[serde(default)]
     pub envelope: bool,
+    /// Each message's expiration, e.g. `"10m"`: a queue drops (or
+    /// dead-letters) it after waiting that long.
+    #[serde(default, with = "duration::serde_opt")]
+    #[schemars(with = "Option<crate::schema::DurationText>")]
+    pub expiration: Option<Duration>,
+    /// Each message's priority, 0 to 255 (for queues with `max_priority`).
+    pub priority: Option<u8>,
 }
 
 #[cfg(test)]

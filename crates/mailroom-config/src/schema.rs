@@ -242,6 +242,37 @@ impl JsonSchema for ExchangeKind {
     }
 }
 
+/// `[[amqp.queue]] type`.
+#[derive(Debug)]
+pub(crate) struct QueueTypeName;
+
+impl JsonSchema for QueueTypeName {
+    fn schema_name() -> Cow<'static, str> {
+        "QueueTypeName".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        one_of(&["classic", "quorum", "stream"], "A RabbitMQ queue type.")
+    }
+}
+
+/// `[[amqp.queue]] overflow`.
+#[derive(Debug)]
+pub(crate) struct OverflowName;
+
+impl JsonSchema for OverflowName {
+    fn schema_name() -> Cow<'static, str> {
+        "OverflowName".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        one_of(
+            &["drop-head", "reject-publish", "reject-publish-dlx"],
+            "What a full RabbitMQ queue does with a new message.",
+        )
+    }
+}
+
 /// Makes a derived enum of names also accept an interpolated string
 /// (`#[schemars(transform = ...)]` on the enums the file names by string).
 pub(crate) fn or_interpolated(schema: &mut Schema) {

@@ -158,3 +158,196 @@ fn scheme_named(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Topology};
+    use serde_json::Value;
+
+    /// A kind's table: its keys and values.
+    type Table = &'static [(&'static str, &'static str)];
+
+    /// The keys that choose a source's kind, each with the table that makes
+    /// a minimal source of that kind (`None`: a webhook source).
+    const KINDS: &[(&str, Option<Table>)] = &[
+        ("webhook", None),
+        (
+            "amqp",
+            Some(&[("url", r#""amqp://a/%2f""#), ("queue", r#""q""#)]),
+        ),
+    ];
+
+    /// Every other `[[source]]` key with a valid value, and what must be
+    /// beside it in both files compared (so the key alone makes the
+    /// difference).
+    const SAMPLES: &[(&str, &str, &str)] = &[
+        ("topic", r#""elsewhere""#, ""),
+        (
+            "preset",
+            r#""github""#,
+            r#"verify = { scheme = "github", secret = "s" }"#,
+        ),
+        ("id", r#"{ json = "/business_id" }"#, ""),
+        ("type", r#"{ header = "x-type" }"#, ""),
+        ("key", r#"{ json = "/customer" }"#, ""),
+        ("deliver_at", r#"{ header = "x-deliver-at" }"#, ""),
+        ("priority", r#"{ json = "/priority" }"#, ""),
+        (
+            "verify",
+            r#"{ scheme = "token", header = "x-token", secret = "s" }"#,
+            "",
+        ),
+        ("max_body", r#""64KiB""#, ""),
+        ("rate_limit", r#""10/s""#, ""),
+    ];
+
+    /// The kinds' own keys (`amqp = { ... }`) with a valid value other
+    /// than the minimal source's.
+    const KIND_SAMPLES: &[(&str, &str, &str)] = &[
+        ("amqp", "url", r#""amqp://b/%2f""#),
+        ("amqp", "queue", r#""other""#),
+        ("amqp", "prefetch", "50"),
+    ];
+
+    /// The object `value` is, or the one its `$ref` names.
+    fn resolve<'a>(schema: &'a Value, value: &'a Value) -> &'a Value {
+        match value.get("$ref").and_then(Value::as_str) {
+            Some(r) => schema
+                .pointer(r.trim_start_matches('#'))
+                .unwrap_or_else(|| panic!("{r} resolves")),
+            None => value,
+        }
+    }
+
+    fn keys(schema: &Value, object: &Value) -> Vec<String> {
+        let props = resolve(schema, object)
+            .get("properties")
+            .and_then(Value::as_object)
+            .expect("an object with properties");
+        props.keys().cloned().collect()
+    }
+
+    /// The topology built from `toml`, printed, or the load error.
+    fn load(toml: &str) -> Result<String, String> {
+        let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
+        Topology::from_config(&config)
+            .map(|t| format!("{t:?}"))
+            .map_err(|e| e.to_string())
+    }
+
+    /// A `[[source]]` named `s` with `lines`, of `kind` with its table
+    /// (one key's value replaced by `over`).
+    fn source(kind: (&str, Option<Table>), over: Option<(&str, &str)>, lines: &[String]) -> String {
+        let mut toml = "[[source]]\nname = \"s\"\n".to_string();
+        for l in lines.iter().filter(|l| !l.is_empty()) {
+            toml += l;
+            toml += "\n";
+        }
+        if let (name, Some(table)) = kind {
+            let mut pairs: Vec<(&str, &str)> = table
+                .iter()
+                .copied()
+                .filter(|(k, _)| over.is_none_or(|(o, _)| o != *k))
+                .collect();
+            pairs.extend(over);
+            let inner: Vec<String> = pairs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            toml += &format!("{name} = {{ {} }}\n", inner.join(", "));
+        }
+        toml
+    }
+
+    /// Every key the configuration schema allows on a `[[source]]`, for
+    /// every source kind, is either carried into what the runtime is built
+    /// from (the built topology differs with it set) or refused at load
+    /// naming it: no key is accepted and ignored. A key the schema gains
+    /// fails this test until it is classified here.
+    #[test]
+    fn every_source_key_is_honoured_or_refused_for_every_kind() {
+        let schema = crate::schema::schema();
+        let source_def = resolve(&schema, &schema["properties"]["source"]["items"]);
+        let mut expected: Vec<String> = ["name".to_string()]
+            .into_iter()
+            .chain(
+                KINDS
+                    .iter()
+                    .filter(|(_, t)| t.is_some())
+                    .map(|(k, _)| k.to_string()),
+            )
+            .chain(SAMPLES.iter().map(|(k, _, _)| k.to_string()))
+            .collect();
+        expected.sort();
+        let mut found = keys(&schema, source_def);
+        found.sort();
+        assert_eq!(
+            found, expected,
+            "the schema's [[source]] keys and this test's differ: classify the new key"
+        );
+        let mut verdicts = vec![];
+        for &(kind, table) in KINDS {
+            for (key, value, beside) in SAMPLES {
+                let base = source((kind, table), None, &[beside.to_string()]);
+                let with = source(
+                    (kind, table),
+                    None,
+                    &[beside.to_string(), format!("{key} = {value}")],
+                );
+                let verdict = match load(&with) {
+                    Err(e) => {
+                        assert!(
+                            e.starts_with(&format!("m.toml: source[0].{key}")),
+                            "{kind}: `{key}` is refused, but not at its key:\n{with}\n=> {e}"
+                        );
+                        "refused"
+                    }
+                    Ok(built) => {
+                        let without = load(&base).unwrap_or_else(|e| panic!("{base}\n=> {e}"));
+                        assert_ne!(
+                            built, without,
+                            "{kind}: `{key}` is accepted and changes nothing:\n{with}"
+                        );
+                        "honoured"
+                    }
+                };
+                verdicts.push(format!("{kind}.{key}: {verdict}"));
+            }
+            if table.is_none() {
+                continue;
+            }
+            let kind_def = resolve(&schema, &source_def["properties"][kind]);
+            let mut nested = keys(&schema, kind_def);
+            nested.sort();
+            let mut sampled: Vec<String> = KIND_SAMPLES
+                .iter()
+                .filter(|(k, _, _)| *k == kind)
+                .map(|(_, key, _)| key.to_string())
+                .collect();
+            sampled.sort();
+            assert_eq!(
+                nested, sampled,
+                "the schema's `{kind}` keys and this test's differ"
+            );
+            let minimal = source((kind, table), None, &[]);
+            let without = load(&minimal).unwrap_or_else(|e| panic!("{minimal}\n=> {e}"));
+            for (_, key, value) in KIND_SAMPLES.iter().filter(|(k, _, _)| *k == kind) {
+                let with = source((kind, table), Some((key, value)), &[]);
+                let built = load(&with).unwrap_or_else(|e| panic!("{with}\n=> {e}"));
+                assert_ne!(
+                    built, without,
+                    "{kind}.{key} is accepted and changes nothing"
+                );
+            }
+        }
+        // The classification users read in the book, checked here.
+        for must in [
+            "amqp.id: honoured",
+            "amqp.type: honoured",
+            "amqp.deliver_at: honoured",
+            "amqp.priority: honoured",
+            "amqp.verify: refused",
+            "webhook.deliver_at: honoured",
+            "webhook.priority: honoured",
+        ] {
+            assert!(verdicts.iter().any(|v| v == must), "{must}: {verdicts:?}");
+        }
+    }
+}

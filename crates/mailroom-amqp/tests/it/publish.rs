@@ -435,3 +435,26 @@ async fn a_confirm_that_never_comes_fails_the_attempt_in_time() {
     drop(proxy);
     delete(&conn, &[queue], &[exchange]).await;
 }
+
+/// `expiration` and `priority` of an AMQP handler are set on each message
+/// it publishes.
+#[tokio::test]
+async fn each_message_carries_the_handlers_expiration_and_priority() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = connect().await;
+    let base = unique("props");
+    let (exchange, queue) = exchange_and_queue(&conn, &base, "#").await;
+    let mut spec = AmqpHandlerSpec::new(&exchange, "x");
+    spec.expiration = Some(Duration::from_secs(60));
+    spec.priority = Some(7);
+    let (engine, stop) = relay(&dir, &conn, TopicSpec::new("outbox"), spec).await;
+    let draft = Draft::json("outbox", &json!({"n": 1})).dedup_key("p-1");
+    engine.enqueue(draft).await.expect("enqueue");
+    let msg = published_once(&engine, stop, &conn, &queue).await;
+    assert_eq!(
+        msg.properties.expiration().as_ref().map(|s| s.as_str()),
+        Some("60000")
+    );
+    assert_eq!(msg.properties.priority(), &Some(7));
+    delete(&conn, &[queue], &[exchange]).await;
+}

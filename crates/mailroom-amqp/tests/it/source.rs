@@ -474,3 +474,116 @@ async fn a_consumer_killed_mid_stream_loses_nothing() {
     assert_eq!(stored(&engine).await, 5_000);
     cleanup(&conn, &queue).await;
 }
+
+/// A source reading its dedup key from the body (a business id), its
+/// type, priority and due time from headers: two messages with different
+/// `message_id`s and one business id are one event; the priority and the
+/// due time are the headers'; a message without the business id, and one
+/// whose priority is not an integer, are dead-lettered.
+#[tokio::test]
+async fn business_id_dedup_and_priority_and_due_time_from_headers() {
+    let (_dir, engine, conn, queue) = setup("extract").await;
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let later = later.round(jiff::Unit::Second).expect("round");
+    let headers = |pairs: &[(&str, AMQPValue)]| {
+        let mut t = FieldTable::default();
+        for (k, v) in pairs {
+            t.insert((*k).into(), v.clone());
+        }
+        t
+    };
+    let props = |id: &str, h: FieldTable| {
+        BasicProperties::default()
+            .with_message_id(id.into())
+            .with_headers(h)
+    };
+    publish(
+        &conn.create_channel().await.expect("channel"),
+        &queue,
+        [
+            (
+                props(
+                    "m-1",
+                    headers(&[
+                        ("x-priority", AMQPValue::LongInt(5)),
+                        (
+                            "x-deliver-at",
+                            AMQPValue::LongString(later.to_string().into()),
+                        ),
+                        ("x-type", AMQPValue::LongString("simulation.created".into())),
+                    ]),
+                ),
+                br#"{"simulation_id":"sim-7"}"#.to_vec(),
+            ),
+            (
+                props("m-2", headers(&[])),
+                br#"{"simulation_id":"sim-7","again":true}"#.to_vec(),
+            ),
+            (
+                props(
+                    "m-3",
+                    headers(&[("x-priority", AMQPValue::LongString("-2".into()))]),
+                ),
+                br#"{"simulation_id":8}"#.to_vec(),
+            ),
+            (props("m-4", headers(&[])), br#"{"other":1}"#.to_vec()),
+            (
+                props(
+                    "m-5",
+                    headers(&[("x-priority", AMQPValue::LongString("high".into()))]),
+                ),
+                br#"{"simulation_id":"sim-9"}"#.to_vec(),
+            ),
+        ],
+    )
+    .await;
+    let mut spec = AmqpSourceSpec::new("rabbit", "inbound", &queue);
+    spec.id = Some(mailroom::Field::Json("/simulation_id".into()));
+    spec.event_type = Some(mailroom::Field::Header("x-type".into()));
+    spec.priority = Some(mailroom::Field::Header("x-priority".into()));
+    spec.deliver_at = Some(mailroom::Field::Header("x-deliver-at".into()));
+    let (stop, task) = start(&conn, &engine, spec).await;
+    let dlq = format!("{queue}.dlq");
+    eventually(10, "two messages are dead-lettered", || async {
+        ready(&conn, &dlq).await == 2
+    })
+    .await;
+    wait_drained(&conn, &queue).await;
+    stop.cancel();
+    task.await.expect("consumer task");
+
+    let filter = ListFilter {
+        topic: Some("inbound".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    let mut events = engine.list(&filter).await.expect("list").events;
+    events.sort_by(|a, b| a.dedup_key.cmp(&b.dedup_key));
+    let seen: Vec<_> = events
+        .iter()
+        .map(|e| (e.dedup_key.as_str(), e.priority, e.event_type.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [("8", -2, None), ("sim-7", 5, Some("simulation.created"))],
+        "one event per business id, with the headers' priority and type"
+    );
+    assert_eq!(
+        events[1].next_attempt_at,
+        Some(later),
+        "not due before the header's time"
+    );
+    let due_now = events[0].next_attempt_at.expect("a due time");
+    assert!(
+        due_now < later - jiff::SignedDuration::from_mins(50),
+        "{due_now}"
+    );
+    let mut dead: Vec<String> = drain(&conn, &dlq)
+        .await
+        .into_iter()
+        .map(|m| String::from_utf8(m.data).expect("utf-8"))
+        .collect();
+    dead.sort();
+    assert_eq!(dead, [r#"{"other":1}"#, r#"{"simulation_id":"sim-9"}"#]);
+    cleanup(&conn, &queue).await;
+}

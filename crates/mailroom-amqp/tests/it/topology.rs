@@ -208,3 +208,142 @@ async fn a_conflicting_queue_is_named_with_its_argument() {
 
     delete(&conn, &[format!("{base}.q")], &[]).await;
 }
+
+/// Quorum, classic and stream queues with the arguments teams set reach the
+/// broker: declaring twice changes nothing; a named dead-letter route takes
+/// a rejected message to `<queue>.dlq` through the named exchange and
+/// routing key; `overflow = reject-publish` nacks a publish into a full
+/// queue; a queue declared again as another type is named with
+/// `x-queue-type`.
+#[tokio::test]
+async fn queue_types_and_arguments_reach_the_broker() {
+    use mailroom_amqp::{DeadLetterRoute, Overflow, QueueArgument, QueueType};
+    let base = unique("types");
+    let events = format!("{base}.events");
+    let dead = format!("{base}.dead");
+    let mut quorum = QueueSpec::new(format!("{base}.quorum")).bind(&events, "pay.*");
+    quorum.queue_type = Some(QueueType::Quorum);
+    quorum.delivery_limit = Some(3);
+    quorum.dead_letter = true;
+    quorum.dead_letter_route = DeadLetterRoute {
+        exchange: Some(dead.clone()),
+        routing_key: Some("payments".into()),
+    };
+    quorum.extra = vec![(
+        "x-queue-leader-locator".into(),
+        QueueArgument::Text("balanced".into()),
+    )];
+    let mut classic = QueueSpec::new(format!("{base}.classic"));
+    classic.queue_type = Some(QueueType::Classic);
+    classic.max_priority = Some(10);
+    classic.max_length = Some(1);
+    classic.overflow = Some(Overflow::RejectPublish);
+    classic.auto_delete = true;
+    let mut stream = QueueSpec::new(format!("{base}.stream"));
+    stream.queue_type = Some(QueueType::Stream);
+    let topology = Topology {
+        exchanges: vec![
+            ExchangeSpec::new(&events, ExchangeType::Topic),
+            ExchangeSpec::new(&dead, ExchangeType::Topic),
+        ],
+        queues: vec![quorum.clone(), classic.clone(), stream],
+    };
+    let conn = connect().await;
+    let declared = declare(&conn.create_channel().await.expect("channel"), &topology)
+        .await
+        .expect("declare");
+    let names: Vec<&str> = declared.exchanges.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, [events.as_str(), dead.as_str()], "no extra dlx");
+    let q = declared
+        .queues
+        .iter()
+        .find(|q| q.name == quorum.name)
+        .expect("quorum declared");
+    for arg in [
+        ("x-queue-type", "quorum"),
+        ("x-delivery-limit", "3"),
+        ("x-dead-letter-exchange", dead.as_str()),
+        ("x-dead-letter-routing-key", "payments"),
+        ("x-queue-leader-locator", "balanced"),
+    ] {
+        assert!(
+            q.arguments
+                .contains(&(arg.0.to_string(), arg.1.to_string())),
+            "{arg:?} in {:?}",
+            q.arguments
+        );
+    }
+    declare(&conn.create_channel().await.expect("channel"), &topology)
+        .await
+        .expect("declaring again changes nothing");
+
+    // The named route: a rejected message reaches <queue>.dlq.
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let publish = |exchange: String, key: String, body: &'static [u8]| {
+        let ch = ch.clone();
+        async move {
+            ch.basic_publish(
+                exchange.as_str().into(),
+                key.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm")
+        }
+    };
+    assert!(
+        publish(events.clone(), "pay.card".into(), b"poison")
+            .await
+            .is_ack()
+    );
+    let m = get_one(&ch, &quorum.name).await;
+    m.reject(BasicRejectOptions { requeue: false })
+        .await
+        .expect("reject");
+    let dlq = get_one(&ch, &format!("{}.dlq", quorum.name)).await;
+    assert_eq!(dlq.data, b"poison");
+    assert_eq!(dlq.routing_key.as_str(), "payments");
+
+    // reject-publish: the second message into a queue of one is nacked.
+    let first = publish(String::new(), classic.name.clone(), b"1").await;
+    let second = publish(String::new(), classic.name.clone(), b"2").await;
+    assert!(first.is_ack(), "{first:?}");
+    assert!(second.is_nack(), "{second:?}");
+
+    // Another type for an existing queue is named, with its argument.
+    let mut other = quorum.clone();
+    other.queue_type = Some(QueueType::Classic);
+    other.delivery_limit = None;
+    let retyped = Topology {
+        exchanges: vec![],
+        queues: vec![QueueSpec {
+            dead_letter: false,
+            ..other
+        }],
+    };
+    let err = declare(&conn.create_channel().await.expect("channel"), &retyped)
+        .await
+        .expect_err("another type conflicts");
+    assert!(
+        matches!(&err, AmqpError::Inequivalent { name, .. } if *name == quorum.name),
+        "{err:?}"
+    );
+    delete(
+        &conn,
+        &[
+            quorum.name.clone(),
+            format!("{}.dlq", quorum.name),
+            classic.name.clone(),
+            format!("{base}.stream"),
+        ],
+        &[events, dead],
+    )
+    .await;
+}
