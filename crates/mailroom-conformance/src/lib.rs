@@ -15,7 +15,7 @@
 //!   stay private.
 //!
 //! A backend's test file holds one line of it; the SQLite one
-//! (`crates/mailroom-sqlite/tests/conformance.rs`, compiled and run) is:
+//! (`crates/mailroom-sqlite/tests/it/conformance.rs`, compiled and run) is:
 //!
 //! ```text
 //! mailroom_conformance::suite!(async {

@@ -5,10 +5,12 @@
 mod api;
 mod command_handler;
 mod dashboard;
+mod hardening;
 mod http_handler;
 mod intake;
 mod leases;
 mod openapi;
+mod pull;
 mod ready;
 mod retries;
 mod security;

@@ -2,7 +2,7 @@
 //! draft-ietf-httpapi-idempotency-key-header): a repeat with the same body
 //! gets the stored answer, a different body 422, a repeat in flight 409.
 
-use crate::support::{Gate, Server, problem, start};
+use super::support::{Gate, Server, problem, start};
 use mailroom::TopicSpec;
 use mailroom_server::ServerOptions;
 use serde_json::{Value, json};
@@ -126,7 +126,7 @@ async fn a_repeat_while_the_first_is_committing_is_409() {
         .await
         .expect("the first insert reaches the gate");
     let busy = post(&s, Some("slow"), None, &body).await;
-    assert_eq!(crate::support::retry_after(&busy), 1);
+    assert_eq!(super::support::retry_after(&busy), 1);
     problem(busy, 409).await;
     gate.open();
     let (status, was_replayed, original) = first.await.expect("first request");

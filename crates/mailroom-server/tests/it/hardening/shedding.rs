@@ -2,7 +2,7 @@
 //! source over its rate limit gets 429, a full write queue gets 503; every
 //! request answered 200 is stored.
 
-use crate::support::{problem, retry_after, start};
+use super::support::{problem, retry_after, start};
 use mailroom::topology::RateLimit;
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;

@@ -1,7 +1,7 @@
 //! Rejections are logged without flooding: a burst of one class of bad
 //! requests gives one WARN line with its count, not one line per request.
 
-use crate::support::{Server, start};
+use super::support::{Server, start};
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
 use mailroom_server::limits::Limits;

@@ -1,7 +1,7 @@
 //! Signed webhooks of the three most common schemes, each sent twice over
 //! real HTTP: stored once, both answered 200 with one id.
 
-use crate::support::{Server, problem, start};
+use super::support::{Server, problem, start};
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use mailroom::{Field, SourceSpec, TopicSpec};

@@ -1,7 +1,7 @@
 //! Read deadlines: a sender trickling one byte per second is cut off, while
 //! other requests are served normally.
 
-use crate::support::{Gate, Server, start};
+use super::support::{Gate, Server, start};
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
 use mailroom_server::limits::Limits;

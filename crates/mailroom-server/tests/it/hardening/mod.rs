@@ -1,6 +1,6 @@
 //! Intake you can expose to the internet: signed webhooks over real HTTP,
 //! `POST /v1/events` with `Idempotency-Key`, load shedding and read
-//! deadlines. One binary, each test on its own server and SQLite file.
+//! deadlines. Each test on its own server and SQLite file.
 
 mod idempotency;
 mod logging;

@@ -1,0 +1,3 @@
+//! The configuration crate's integration tests, in one test binary.
+
+mod schema;
