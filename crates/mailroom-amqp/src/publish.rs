@@ -56,6 +56,14 @@ pub struct AmqpHandlerSpec {
 }
 
 impl AmqpHandlerSpec {
+    /// The concurrency a configured topic with this handler gets unless it
+    /// sets one: publishes are pipelined on one channel and an attempt
+    /// holds its slot until the broker confirms, so the relay's rate is
+    /// about its depth over the confirm latency. At the topics' general
+    /// default (16) a relay reaches about a quarter of lapin's own
+    /// confirmed publish rate; at 1024 about two thirds.
+    pub const DEFAULT_CONCURRENCY: u32 = 1024;
+
     /// Raw payloads to `exchange` under `routing_key`.
     pub fn new(exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
         Self {

@@ -397,11 +397,12 @@ struct AmqpArgs {
     /// Prefetch values of the inbound phases.
     #[arg(long, value_delimiter = ',', default_value = "10,256")]
     prefetch: Vec<u16>,
-    /// Attempts in flight of the single relay topic. 1024, of the order of
-    /// the durable relay floor's 500 x 4 in flight: at 256 the single relay
-    /// is bound by its depth (256 publishes awaiting confirms), not by its
-    /// work (docs/src/design/amqp.md).
-    #[arg(long, default_value_t = 1024)]
+    /// Attempts in flight of the single relay topic. Default: what a
+    /// configured topic with an AMQP handler gets without setting
+    /// `concurrency` (1024, of the order of the durable relay floor's
+    /// 500 x 4 in flight: at 256 the single relay is bound by its depth,
+    /// 256 publishes awaiting confirms, not by its work; docs/src/design/amqp.md).
+    #[arg(long, default_value_t = mailroom_amqp::AmqpHandlerSpec::DEFAULT_CONCURRENCY)]
     relay_concurrency: u32,
     /// `max_size` of the batch relay topic (0: skip the batch relay).
     #[arg(long, default_value_t = 500)]

@@ -607,6 +607,48 @@ handler = { amqp = { exchange = "e", routing_key = "k", expiration = "10m", prio
         );
     }
 
+    /// A topic whose handler publishes to RabbitMQ runs 1024 attempts at
+    /// once unless it sets `concurrency` (its attempts wait on confirms);
+    /// a batch topic, and a topic with another handler, keep 16.
+    #[test]
+    fn publishing_topics_default_to_a_deep_concurrency() {
+        let t = topology(
+            r#"
+[amqp]
+url = "amqp://x/%2f"
+[[topic]]
+name = "relay"
+handler = { amqp = { exchange = "e", routing_key = "k" } }
+[[topic]]
+name = "tuned"
+concurrency = 64
+handler = { amqp = { exchange = "e", routing_key = "k" } }
+[[topic]]
+name = "batched"
+mode = "batch"
+handler = { amqp = { exchange = "e", routing_key = "k" } }
+[[topic]]
+name = "web"
+handler = { http = { url = "http://127.0.0.1:9/" } }
+"#,
+        )
+        .unwrap();
+        let concurrency = |name: &str| {
+            t.topics
+                .iter()
+                .find(|(s, _)| s.name == name)
+                .map(|(s, _)| s.concurrency)
+        };
+        assert_eq!(
+            concurrency("relay"),
+            Some(mailroom_amqp::AmqpHandlerSpec::DEFAULT_CONCURRENCY)
+        );
+        assert_eq!(concurrency("relay"), Some(1024));
+        assert_eq!(concurrency("tuned"), Some(64));
+        assert_eq!(concurrency("batched"), Some(16));
+        assert_eq!(concurrency("web"), Some(16));
+    }
+
     /// Sources and handlers on other brokers get their own connections, `[amqp].url` first.
     #[test]
     fn one_connection_per_distinct_url() {

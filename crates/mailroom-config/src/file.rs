@@ -413,9 +413,10 @@ pub struct TopicConfig {
     /// `block` (default) or `skip`.
     #[serde(default)]
     pub on_dead: OnDeadName,
-    /// Attempts in flight at once.
-    #[serde(default = "default_concurrency")]
-    pub concurrency: u32,
+    /// Attempts in flight at once (default 16; 1024 for a `single` or
+    /// `sequential` topic whose handler publishes to RabbitMQ, whose
+    /// attempts mostly wait for the broker's confirms).
+    pub concurrency: Option<u32>,
     /// Retry policy.
     #[serde(default)]
     pub retry: RetryConfig,
@@ -450,9 +451,6 @@ pub struct TopicConfig {
     pub handler: Option<HandlerConfig>,
 }
 
-fn default_concurrency() -> u32 {
-    TopicSpec::DEFAULT_CONCURRENCY
-}
 fn default_timeout() -> Duration {
     TopicSpec::DEFAULT_TIMEOUT
 }

@@ -48,7 +48,7 @@ pub(crate) fn topic_spec(
         mode: mode(t),
         key,
         default_key: t.default_key.clone(),
-        concurrency: t.concurrency,
+        concurrency: t.concurrency.unwrap_or_else(|| default_concurrency(t)),
         retry: retry_policy(&t.retry).map_err(|m| cfg.invalid(at("retry.schedule"), m))?,
         timeout: t.timeout,
         lease,
@@ -63,6 +63,19 @@ pub(crate) fn topic_spec(
         error,
     })?;
     Ok(spec)
+}
+
+/// A topic's concurrency when the file sets none: an AMQP handler's
+/// attempts wait on the broker's confirms, so its rate is its depth over
+/// the confirm latency and it needs far more in flight than a handler that
+/// works (a batch topic's deliveries are already many events each).
+fn default_concurrency(t: &TopicConfig) -> u32 {
+    let publishes = t.handler.as_ref().is_some_and(|h| h.amqp.is_some());
+    if publishes && t.mode != ModeName::Batch {
+        mailroom_amqp::AmqpHandlerSpec::DEFAULT_CONCURRENCY
+    } else {
+        TopicSpec::DEFAULT_CONCURRENCY
+    }
 }
 
 fn mode(t: &TopicConfig) -> Mode {
