@@ -213,6 +213,8 @@ impl AmqpConnection {
             },
             () = shutdown.cancelled() => return Ok(()),
         };
+        // Shared with the depth task, which opens its own channels.
+        let conn = Arc::new(conn);
         let mut events = conn.events_listener();
         let stop = shutdown.child_token();
         let sources_stop = linked(&stop, &self.intake);
@@ -228,6 +230,12 @@ impl AmqpConnection {
             Some(Ok(())) => {
                 self.status.set(true);
                 *failures = 0;
+                tokio::spawn(depths(
+                    Arc::clone(&conn),
+                    self.status.name().to_string(),
+                    self.watched_queues(),
+                    stop.clone(),
+                ));
                 tracing::info!(connection = %self.status.name(), sources = self.sources.len(), handlers = self.handlers.len(), "AMQP connection up");
                 watch(&stop, &sources_stop, &mut consumers, &mut events).await
             }
@@ -268,6 +276,72 @@ impl AmqpConnection {
             consumers.spawn(async move { source.consume(&ch, &stop).await });
         }
         Ok(())
+    }
+}
+
+impl AmqpConnection {
+    /// The queues whose depth is reported: each source's queue, and its
+    /// dead-letter queue (the topology's, else `<queue>.dlq` if the broker
+    /// has one).
+    fn watched_queues(&self) -> Vec<String> {
+        let mut queues: Vec<String> = vec![];
+        for s in &self.sources {
+            let queue = &s.spec().queue;
+            let dlq = match self.topology.queues.iter().find(|q| &q.name == queue) {
+                Some(q) if q.dead_letter => Some(q.dead_letter_queue()),
+                Some(_) => None,
+                None => Some(format!("{queue}.dlq")),
+            };
+            for q in std::iter::once(queue.clone()).chain(dlq) {
+                if !queues.contains(&q) {
+                    queues.push(q);
+                }
+            }
+        }
+        queues
+    }
+}
+
+/// How often the watched queues' depths are asked for.
+pub const DEPTH_EVERY: Duration = Duration::from_secs(10);
+
+/// Sets `mailroom_broker_queue_depth{connection,queue}` for each of
+/// `queues` every [`DEPTH_EVERY`] until `stop`, by passive declares on a
+/// channel of its own (a queue that does not exist closes that channel; it
+/// is reopened at the next round, and the queue reported nowhere).
+async fn depths(conn: Arc<Connection>, name: String, queues: Vec<String>, stop: CancellationToken) {
+    if queues.is_empty() {
+        return;
+    }
+    let mut channel: Option<lapin::Channel> = None;
+    let mut every = tokio::time::interval(DEPTH_EVERY);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        for queue in &queues {
+            let ch = match channel.take().filter(|c| c.status().connected()) {
+                Some(ch) => ch,
+                None => match tokio::time::timeout(SET_UP_LIMIT, conn.create_channel()).await {
+                    Ok(Ok(ch)) => ch,
+                    _ => break,
+                },
+            };
+            let Ok(short) = lapin::types::ShortString::try_new(queue.as_str()) else {
+                continue;
+            };
+            let options = lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let asked = ch.queue_declare(short, options, lapin::types::FieldTable::default());
+            if let Ok(Ok(q)) = tokio::time::timeout(SET_UP_LIMIT, asked).await {
+                metrics::gauge!(mailroom::metrics::BROKER_QUEUE_DEPTH, "connection" => name.clone(), "queue" => queue.clone())
+                    .set(f64::from(q.message_count()));
+                channel = Some(ch);
+            }
+        }
     }
 }
 

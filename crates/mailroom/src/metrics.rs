@@ -120,6 +120,10 @@ metrics! {
     /// 1 while the AMQP connection (the broker URL without credentials) is
     /// up with its topology declared, else 0.
     AMQP_CONNECTED = "mailroom_amqp_connected", Gauge, ["connection"];
+    /// Ready messages in a queue an AMQP source consumes, and in its
+    /// dead-letter queue, as the broker last reported them (a passive
+    /// declare every 10 s while the connection is up).
+    BROKER_QUEUE_DEPTH = "mailroom_broker_queue_depth", Gauge, ["connection", "queue"];
 }
 
 /// Registers every metric's help text with the installed recorder (call

@@ -311,3 +311,68 @@ async fn a_frozen_broker_is_declared_dead_and_the_connection_heals() {
     let conn = connect().await;
     delete(&conn, &[queue], &[]).await;
 }
+
+/// While a connection is up, `mailroom_broker_queue_depth{connection,queue}`
+/// reports the ready messages of its source's queue and of that queue's
+/// dead-letter queue, as the broker counts them.
+#[tokio::test]
+async fn source_and_dead_letter_queue_depths_are_reported() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    // A current-thread runtime: the connection's tasks record on this thread.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (_dir, engine, conn, queue) = crate::source::setup("depth").await;
+    let dlq = format!("{queue}.dlq");
+    let ch = conn.create_channel().await.expect("channel");
+    let props = lapin::BasicProperties::default;
+    crate::source::publish(
+        &ch,
+        &dlq,
+        (0..3).map(|i| (props(), format!("dead {i}").into_bytes())),
+    )
+    .await;
+    let mut spec = QueueSpec::new(&queue);
+    spec.dead_letter = true;
+    let topology = Topology {
+        exchanges: vec![],
+        queues: vec![spec],
+    };
+    // Intake already stopped: the source does not consume, so the queue
+    // keeps what is published.
+    let url = mailroom_testkit::amqp_url();
+    let connection = AmqpConnection::new(&url)
+        .expect("broker URL")
+        .topology(topology);
+    let source = AmqpSource::new(
+        engine.clone(),
+        AmqpSourceSpec::new("rabbit", "inbound", &queue),
+    )
+    .expect("source");
+    let intake = CancellationToken::new();
+    intake.cancel();
+    let connection = connection.source(source).intake_until(intake);
+    crate::source::publish(
+        &ch,
+        &queue,
+        (0..5).map(|i| (props(), format!("m {i}").into_bytes())),
+    )
+    .await;
+    let stop = CancellationToken::new();
+    let status = connection.status();
+    tokio::spawn(connection.run(stop.clone()));
+    let depth = |q: &str| {
+        let line = format!("queue=\"{q}\"");
+        metrics
+            .render()
+            .lines()
+            .find(|l| l.starts_with("mailroom_broker_queue_depth") && l.contains(&line))
+            .and_then(|l| l.rsplit(' ').next().map(str::to_owned))
+    };
+    eventually(10, "both depths are reported", || async {
+        depth(&queue).as_deref() == Some("5") && depth(&dlq).as_deref() == Some("3")
+    })
+    .await;
+    assert!(status.is_up());
+    stop.cancel();
+    crate::source::cleanup(&conn, &queue).await;
+}
