@@ -18,7 +18,9 @@
 #      MAILROOM_TEST_CHROMIUM, MAILROOM_TEST_CHROMEDRIVER (Debian's chromium and
 #          chromium-driver, installed when missing: mailroom-cli's dashboard
 #          browser test)
-# 4. runs `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
+# 4. builds every target once (`cargo build --workspace --all-targets
+#    [ARGS]`: the test binaries and the binaries the later steps run), runs
+#    `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
 #    then the quick fault matrix on both stores (`mailroom-bench faults
 #    --quick`, debug build, about 4-5 minutes on 2 loaded cores, under a
@@ -28,7 +30,7 @@
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
 #    exits non-zero if any test step failed.
 #
-# CARGO ARGS go to both cargo commands; `-p/--package` replaces --workspace:
+# CARGO ARGS go to the three cargo commands; `-p/--package` replaces --workspace:
 #   ./scripts/test.sh -p mailroom-sqlite
 #   ./scripts/test.sh -p mailroom-core -p mailroom-testkit --release
 # nextest-only settings go through nextest's own env vars, e.g.
@@ -136,8 +138,34 @@ export MAILROOM_TEST_CHROMIUM MAILROOM_TEST_CHROMEDRIVER
 mr_log "browser: $MAILROOM_TEST_CHROMIUM, driver: $MAILROOM_TEST_CHROMEDRIVER"
 
 rc=0
+# One build serves every step below: `--all-targets` builds what nextest
+# builds (the same targets, so the same dependency features and profile)
+# plus every binary, and the OpenAPI check and the fault matrix run those
+# binaries. A `cargo build -p <one package>` resolves features for that
+# package alone and recompiles much of the dependency graph.
+build_cmd=(cargo build "${scope[@]}" --all-targets "${cargo_args[@]+"${cargo_args[@]}"}")
 nextest_cmd=(cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}")
 doc_cmd=(cargo test "${scope[@]}" --doc "${cargo_args[@]+"${cargo_args[@]}"}")
+section "${build_cmd[*]}"
+t="$(mr_now)"
+build_rc=0
+"${build_cmd[@]}" || build_rc=$?
+mr_log "build finished (exit $build_rc) in $(mr_since "$t")"
+rc=$build_rc
+# Where that build put its binaries (the OpenAPI check and the fault matrix).
+target_dir="$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+profile_dir=debug
+for ((i = 0; i < ${#cargo_args[@]}; i++)); do
+  case "${cargo_args[i]}" in
+    -r | --release) profile_dir=release ;;
+    --profile) profile_dir="${cargo_args[i + 1]:-dev}" ;;
+    --profile=*) profile_dir="${cargo_args[i]#--profile=}" ;;
+  esac
+done
+[[ $profile_dir != dev ]] || profile_dir=debug
+bin_dir="$target_dir/$profile_dir"
+
 section "${nextest_cmd[*]}"
 t="$(mr_now)"
 "${nextest_cmd[@]}" || rc=$?
@@ -153,7 +181,11 @@ if $run_doc; then
 fi
 
 # schemathesis against a running `mailroom serve` and its /openapi.json.
-((${#scope[@]} == 0)) || { section "scripts/openapi-check.sh"; "$REPO_ROOT/scripts/openapi-check.sh" || { r=$?; ((rc != 0)) || rc=$r; }; }
+# Not after a failed build: the binary there would be an older one.
+((${#scope[@]} == 0 || build_rc != 0)) || {
+  section "scripts/openapi-check.sh"
+  MAILROOM_BIN="$bin_dir/mailroom" "$REPO_ROOT/scripts/openapi-check.sh" || { r=$?; ((rc != 0)) || rc=$r; }
+}
 
 # The docs book builds (a missing page fails it); its TOML blocks, command
 # lines and links are checked by mailroom-cli's docs test above.
@@ -172,10 +204,8 @@ fi
 if $run_faults && ((${#scope[@]})); then
   section "fault matrix: mailroom-bench faults --quick --store both"
   t="$(mr_now)"
-  faults_rc=0
-  target_dir="$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
-  cargo build -p mailroom-bench -p mailroom-cli || faults_rc=$?
+  # The binaries of the build above.
+  faults_rc=$build_rc
   # `hostile` holds 2 x 200 slow connections + 1,024 open files (quick):
   # raise a low soft limit (often 1,024) where the hard one allows.
   soft="$(ulimit -Sn)" hard="$(ulimit -Hn)"
@@ -187,8 +217,8 @@ if $run_faults && ((${#scope[@]})); then
     # deadline is a failed row; this is the last guard. On SIGTERM the
     # bench stops its scenario (children, private servers) and prints the
     # rows so far; KILL a minute later if even that hangs.
-    MAILROOM_BIN="$target_dir/debug/mailroom" timeout --kill-after=60 "$faults_timeout" \
-      "$target_dir/debug/mailroom-bench" faults \
+    MAILROOM_BIN="$bin_dir/mailroom" timeout --kill-after=60 "$faults_timeout" \
+      "$bin_dir/mailroom-bench" faults \
       --quick --store both --postgres-url "$MAILROOM_TEST_POSTGRES_URL" || faults_rc=$?
     ((faults_rc != 124)) || mr_log "fault matrix: timed out after ${faults_timeout}s"
   fi
