@@ -1,7 +1,7 @@
 //! Feeds arbitrary text to `mailroom_config::Config::from_toml` (TOML
 //! syntax, `${VAR}` interpolation, `MAILROOM_*` overrides, typed
 //! deserialization) and every accepted configuration to
-//! `Topology::from_config` (the validation and handler building `serve` and
+//! `Specs::from_config` (the validation and handler building `serve` and
 //! `config check` do).
 //!
 //! Invariants checked: it never panics; every refusal is a typed
@@ -15,7 +15,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use mailroom_config::Config;
-use mailroom_config::Topology;
+use mailroom_config::Specs;
 
 fn env(name: &str) -> Option<String> {
     match name {
@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
     if let Err(e) = config.listen_addr() {
         refused(&e);
     }
-    if let Err(e) = Topology::from_config(&config) {
+    if let Err(e) = Specs::from_config(&config) {
         refused(&e);
     }
 });

@@ -21,7 +21,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use mailroom::accept::{MAX_FIELD_LEN, check};
 use mailroom::intake::build_event;
-use mailroom::topology::RateLimit;
+use mailroom::spec::RateLimit;
 use mailroom::{Field, Mode, SourceSpec, TopicSpec};
 
 static CASES: LazyLock<Vec<(SourceSpec, TopicSpec)>> = LazyLock::new(|| {

@@ -14,7 +14,7 @@ use crate::broker::Broker;
 use crate::error::{AmqpError, Result};
 use crate::publish::AmqpHandler;
 use crate::source::AmqpSource;
-use crate::topology::{Declared, Topology, declare};
+use crate::spec::{Declared, Topology, declare};
 use futures::StreamExt;
 use lapin::{Connection, ConnectionProperties};
 use mailroom::redact::url as redact;

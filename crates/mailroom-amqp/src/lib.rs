@@ -21,17 +21,17 @@
 mod broker;
 mod confirms;
 pub mod connection;
+pub mod declare;
 mod error;
 pub mod publish;
 pub mod source;
-pub mod topology;
 
 pub use broker::Broker;
 pub use connection::{AmqpConnection, AmqpStatus, declare_at};
 pub use error::{AmqpError, Result};
 pub use publish::{AmqpHandler, AmqpHandlerSpec};
 pub use source::{AmqpSource, AmqpSourceSpec};
-pub use topology::{
+pub use declare::{
     Binding, DeadLetterRoute, Declared, ExchangeSpec, ExchangeType, Overflow, QueueArgument,
     QueueSpec, QueueType, Topology, declare,
 };

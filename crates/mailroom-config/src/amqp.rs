@@ -67,7 +67,7 @@ impl AmqpPlan {
 
     /// One supervised connection per broker URL: the topology on
     /// `[amqp].url`'s, each source and handler on its own URL's. The engine
-    /// must hold the sources' topics (built from the same [`Topology`](crate::Topology)).
+    /// must hold the sources' topics (built from the same [`Specs`](crate::Specs)).
     pub fn connections(&self, engine: &Engine) -> Result<Vec<AmqpConnection>, AmqpError> {
         let mut connections = vec![];
         for url in self.urls() {
@@ -412,18 +412,18 @@ fn unknown_placeholder(template: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Config, Topology};
+    use crate::{Config, Specs};
     use mailroom::Field;
     use mailroom_amqp::{Binding, ExchangeType};
     use std::time::Duration;
 
-    fn topology(toml: &str) -> Result<Topology, String> {
+    fn specs(toml: &str) -> Result<Specs, String> {
         let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
-        Topology::from_config(&config).map_err(|e| e.to_string())
+        Specs::from_config(&config).map_err(|e| e.to_string())
     }
 
     fn refused(toml: &str) -> String {
-        topology(toml).map(|_| ()).unwrap_err()
+        specs(toml).map(|_| ()).unwrap_err()
     }
 
     /// The RabbitMQ part of the documented example configuration: a queue
@@ -455,7 +455,7 @@ dead_letter = true
     /// handler, all on one broker.
     #[test]
     fn the_documented_example_becomes_a_plan_on_one_connection() {
-        let t = topology(EXAMPLE).unwrap();
+        let t = specs(EXAMPLE).unwrap();
         let plan = &t.amqp;
         assert_eq!(plan.urls(), vec!["amqp://127.0.0.1:5672/%2f"]);
         let ex = &plan.topology.exchanges[0];
@@ -509,7 +509,7 @@ dead_letter = true
     /// `envelope` are read; bindings come from `bind` lists and `[[amqp.binding]]`.
     #[test]
     fn defaults_lists_and_extra_bindings() {
-        let t = topology(
+        let t = specs(
             r#"
 [amqp]
 url = "amqp://guest:guest@rabbit/%2f"
@@ -652,7 +652,7 @@ handler = { http = { url = "http://127.0.0.1:9/" } }
     /// Sources and handlers on other brokers get their own connections, `[amqp].url` first.
     #[test]
     fn one_connection_per_distinct_url() {
-        let t = topology(
+        let t = specs(
             r#"
 [amqp]
 url = "amqp://a/%2f"
@@ -669,7 +669,7 @@ handler = { amqp = { exchange = "", routing_key = "q", url = "amqp://b/%2f" } }
         )
         .unwrap();
         assert_eq!(t.amqp.urls(), vec!["amqp://a/%2f", "amqp://b/%2f"]);
-        assert!(topology("").unwrap().amqp.is_empty());
+        assert!(specs("").unwrap().amqp.is_empty());
     }
 
     /// Every mistake is refused with the key path that holds it.

@@ -149,7 +149,7 @@ pub struct StoreConfig {
 /// `[store] migrate`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-#[schemars(transform = crate::schema::or_interpolated)]
+#[schemars(transform = crate::interpolated::or_interpolated)]
 pub enum MigrateMode {
     /// Every verb applies the missing migrations when it opens the store.
     #[default]
@@ -461,7 +461,7 @@ fn default_max_wait_for_priority() -> Duration {
 /// Processing mode names.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-#[schemars(transform = crate::schema::or_interpolated)]
+#[schemars(transform = crate::interpolated::or_interpolated)]
 pub enum ModeName {
     /// Independent events.
     #[default]
@@ -475,7 +475,7 @@ pub enum ModeName {
 /// `on_dead` names.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-#[schemars(transform = crate::schema::or_interpolated)]
+#[schemars(transform = crate::interpolated::or_interpolated)]
 pub enum OnDeadName {
     /// Keep the key blocked.
     #[default]

@@ -6,9 +6,9 @@
 //! 1. [`file`](mod@file): the serde types, one per table, unknown keys refused;
 //! 2. [`Config::load`]: documented defaults → the file → `MAILROOM_*`
 //!    environment overrides, with `${VAR}` interpolation in every string;
-//! 3. [`Topology::from_config`]: the parsed file turned into the runtime's
+//! 3. [`Specs::from_config`]: the parsed file turned into the runtime's
 //!    specs ([`mailroom::TopicSpec`], [`mailroom::SourceSpec`], retention,
-//!    alerts) and built-in handlers, then [`Topology::into_builder`] an
+//!    alerts) and built-in handlers, then [`Specs::into_builder`] an
 //!    [`mailroom::EngineBuilder`].
 //!
 //! [`schema::schema`] is the file's JSON Schema, derived from the same
@@ -21,8 +21,8 @@
 //! ```
 //! let text = "[[topic]]\nname = \"emails\"\nhandler = { command = [\"true\"] }\n";
 //! let config = mailroom_config::Config::from_toml("mailroom.toml", text, &|_| None)?;
-//! let topology = mailroom_config::Topology::from_config(&config)?;
-//! assert_eq!(topology.topics[0].0.name, "emails");
+//! let specs = mailroom_config::Specs::from_config(&config)?;
+//! assert_eq!(specs.topics[0].0.name, "emails");
 //! # Ok::<(), mailroom_config::ConfigError>(())
 //! ```
 
@@ -32,14 +32,15 @@ pub mod amqp;
 mod error;
 pub mod file;
 mod handler;
+mod interpolated;
 mod load;
 pub mod schema;
 mod source;
+mod specs;
 mod topic;
-mod topology;
 
 pub use amqp::AmqpPlan;
 pub use error::ConfigError;
 pub use file::Config;
 pub use load::locate;
-pub use topology::{Topology, otlp_traces_url};
+pub use specs::{Specs, otlp_traces_url};

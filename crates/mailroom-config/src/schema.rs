@@ -12,6 +12,7 @@
 //! Numbers and booleans are never interpolated.
 
 use crate::file::{ByteSize, Config};
+use crate::interpolated::INTERPOLATED;
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value};
@@ -19,9 +20,6 @@ use std::borrow::Cow;
 
 /// The dialect of [`schema`]: JSON Schema draft 2020-12.
 pub const DIALECT: &str = "https://json-schema.org/draft/2020-12/schema";
-
-/// What a string holding `${VAR}` or `${file:PATH}` matches.
-const INTERPOLATED: &str = r"\$\{";
 
 /// The JSON Schema of the configuration file, as a JSON value.
 pub fn schema() -> Value {
@@ -270,22 +268,5 @@ impl JsonSchema for OverflowName {
             &["drop-head", "reject-publish", "reject-publish-dlx"],
             "What a full RabbitMQ queue does with a new message.",
         )
-    }
-}
-
-/// Makes a derived enum of names also accept an interpolated string
-/// (`#[schemars(transform = ...)]` on the enums the file names by string).
-pub(crate) fn or_interpolated(schema: &mut Schema) {
-    let Some(map) = schema.as_object_mut() else {
-        return;
-    };
-    let description = map.remove("description");
-    let names: Map<String, Value> = std::mem::take(map);
-    map.insert(
-        "anyOf".into(),
-        serde_json::json!([names, { "type": "string", "pattern": INTERPOLATED }]),
-    );
-    if let Some(d) = description {
-        map.insert("description".into(), d);
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::error::ConfigError;
 use crate::file::{Config, FieldConfig, SourceConfig, VerifyConfig};
-use mailroom::topology::DEFAULT_MAX_BODY;
+use mailroom::spec::DEFAULT_MAX_BODY;
 use mailroom::{Field, SourceSpec};
 use mailroom_signatures::{Encoding, Preset, Scheme, Verifier};
 
@@ -230,7 +230,7 @@ mod tests {
     /// The topology built from `toml`, printed, or the load error.
     fn load(toml: &str) -> Result<String, String> {
         let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
-        Topology::from_config(&config)
+        Specs::from_config(&config)
             .map(|t| format!("{t:?}"))
             .map_err(|e| e.to_string())
     }

@@ -343,7 +343,5 @@ async fn replay_matching(
 #[utoipa::path(get, path = "/stats", tag = "operator",
     responses((status = 200, description = "Numbers per topic and the alerts firing", body = StatsAnswer)))]
 async fn stats(State(s): State<AppState>) -> Result<Json<StatsAnswer>, Problem> {
-    Ok(Json(
-        StatsAnswer::read(&s.engine, jiff::Timestamp::now()).await?,
-    ))
+    Ok(Json(s.engine.stats_answer(jiff::Timestamp::now()).await?))
 }

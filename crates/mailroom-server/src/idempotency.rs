@@ -23,8 +23,8 @@
 
 use crate::AppState;
 use crate::formats;
-use crate::limits::read_body;
 use crate::problem::Problem;
+use crate::shedding::read_body;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -8,7 +8,7 @@
 //! - [`pull`]: `/v1/topics/{topic}/claim`, `/v1/events/{id}/ack|nack|extend` for pull workers.
 //! - module `dashboard`: the web pages at `GET /` and `/ui/*` (overview,
 //!   topics, events, dead letters), with login, sessions and CSRF checks.
-//! - [`limits`]: load shedding — header and body read deadlines, header
+//! - [`shedding`]: load shedding — header and body read deadlines, header
 //!   limits, caps on connections and requests in flight (503), per-source
 //!   rate limits (429).
 //! - [`tls`]: HTTPS on the own listener ([`serve_https`]), its certificate
@@ -31,13 +31,13 @@ mod auth;
 mod dashboard;
 pub mod formats;
 mod idempotency;
-pub mod limits;
 mod openapi;
 pub mod problem;
 pub mod prometheus;
 pub mod pull;
 mod ready;
 mod rejections;
+pub mod shedding;
 pub mod tls;
 pub mod webhooks;
 
@@ -65,8 +65,8 @@ pub struct ServerOptions {
     pub api_tokens: Vec<String>,
     /// Serves `/metrics` when set.
     pub metrics: Option<MetricsRenderer>,
-    /// Load-shedding limits (see [`limits::Limits`] for the defaults).
-    pub limits: limits::Limits,
+    /// Load-shedding limits (see [`shedding::Limits`] for the defaults).
+    pub limits: shedding::Limits,
     /// Reported by `/readyz` beside the store; any one down makes it 503.
     pub dependencies: Vec<Dependency>,
     /// Whether clients reach this router over TLS (the listener serves
@@ -101,7 +101,7 @@ pub struct AppState {
     /// Options.
     pub options: Arc<ServerOptions>,
     inflight: Arc<idempotency::InFlight>,
-    rate: Arc<limits::RateLimiter>,
+    rate: Arc<shedding::RateLimiter>,
     dashboard: Arc<dashboard::Dashboard>,
     tokens: Arc<auth::Tokens>,
     auth_failures: Arc<auth::Failures>,
@@ -145,7 +145,7 @@ pub fn router(engine: Engine, options: ServerOptions) -> Router {
             auth::local_only,
         ))
         .with_state(state);
-    limits::shed_beyond(routes, max_in_flight)
+    shedding::shed_beyond(routes, max_in_flight)
         .layer(axum::middleware::from_fn(problem::errors_as_problems))
         .layer(axum::middleware::from_fn_with_state(
             rejected,
@@ -207,13 +207,13 @@ async fn healthz() -> &'static str {
 }
 
 /// Serves `router` on `listener` until `shutdown` with the default
-/// [`limits::Limits`]; see [`serve_with`].
+/// [`shedding::Limits`]; see [`serve_with`].
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_with(listener, router, shutdown, &limits::Limits::default()).await
+    serve_with(listener, router, shutdown, &shedding::Limits::default()).await
 }
 
 /// Serves `router` on `listener` until `shutdown`; then stops accepting and
@@ -227,9 +227,9 @@ pub async fn serve_with(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
-    limits: &limits::Limits,
+    limits: &shedding::Limits,
 ) -> std::io::Result<()> {
-    limits::serve_connections(listener, router, shutdown, limits, None).await
+    shedding::serve_connections(listener, router, shutdown, limits, None).await
 }
 
 /// [`serve_with`] over HTTPS: each connection first completes a TLS
@@ -240,8 +240,8 @@ pub async fn serve_https(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
-    limits: &limits::Limits,
+    limits: &shedding::Limits,
     tls: &tls::ServerTls,
 ) -> std::io::Result<()> {
-    limits::serve_connections(listener, router, shutdown, limits, Some(tls.acceptor())).await
+    shedding::serve_connections(listener, router, shutdown, limits, Some(tls.acceptor())).await
 }

@@ -4,8 +4,8 @@
 //! `200 {"id", "duplicate"}`.
 
 use crate::AppState;
-use crate::limits::{read_body, too_many_requests};
 use crate::problem::Problem;
+use crate::shedding::{read_body, too_many_requests};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -61,8 +61,8 @@ pub async fn receive(
         .and_then(|v| v.parse::<u64>().ok());
     if let Some(n) = declared.filter(|n| *n > limit) {
         // Let the sender finish uploading (within bounds) so it reads the 413.
-        if n <= crate::limits::DRAIN_MAX {
-            crate::limits::drain(body, n).await;
+        if n <= crate::shedding::DRAIN_MAX {
+            crate::shedding::drain(body, n).await;
         }
         s.engine.count_oversized_webhook(&source);
         return Err(IntakeError::TooLarge { limit }.into());

@@ -29,7 +29,7 @@
 //! [`Engine::accept`]: crate::Engine::accept
 //! [`Draft`]: crate::Draft
 
-use crate::topology::TopicSpec;
+use crate::spec::TopicSpec;
 use mailroom_core::{Mode, NewEvent};
 
 /// Longest accepted dedup key, key, type, correlation or causation id, in bytes.

@@ -13,7 +13,6 @@
 //! With the `openapi` feature each shape also derives its JSON schema, which
 //! mailroom-server's `/openapi.json` is built from.
 
-use crate::Engine;
 use jiff::Timestamp;
 use mailroom_core::{
     Alert, Attempt, AttemptWindow, Claimed, Event, EventId, Page, Status, StoreError, TopicStats,
@@ -239,36 +238,6 @@ pub struct LimitsAnswer {
 }
 
 impl LimitsAnswer {
-    /// `topic`'s limits with `running` events and `attempts_per_second`
-    /// lately; `None` when it has no limits and is not paused. Reads the
-    /// pause only of topics with a built-in handler (the only ones a 429
-    /// pauses).
-    pub async fn read(
-        engine: &Engine,
-        topic: &str,
-        running: u64,
-        attempts_per_second: Option<f64>,
-    ) -> Result<Option<Self>, StoreError> {
-        let spec = engine.topic(topic);
-        let paused = if engine.has_handler(topic) {
-            engine.paused_for(topic).await?
-        } else {
-            None
-        };
-        let limited = spec.is_some_and(|s| s.is_limited());
-        if !limited && paused.is_none() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            rate: spec.and_then(|s| s.rate).map(|r| r.to_string()),
-            attempts_per_second: attempts_per_second
-                .filter(|_| spec.is_some_and(|s| s.rate.is_some())),
-            max_running: spec.and_then(|s| s.max_running),
-            running,
-            paused_seconds: paused.map(|d| d.as_secs_f64()),
-        }))
-    }
-
     /// One line for a human: `rate 50/s (48.2/s lately), max_running 4 (3
     /// running), paused 12.0s`.
     pub fn summary(&self) -> String {
@@ -302,7 +271,9 @@ pub struct Rates {
 }
 
 impl Rates {
-    fn new(window: Option<&AttemptWindow>) -> Self {
+    /// The rates of one topic's attempt `window` over the last
+    /// [`RATE_WINDOW`] (`None`: none finished).
+    pub fn new(window: Option<&AttemptWindow>) -> Self {
         let secs = RATE_WINDOW.as_secs_f64();
         let (finished, failed) = window.map_or((0, 0), |w| (w.finished, w.failed));
         Self {
@@ -352,47 +323,6 @@ impl<'a> AlertObject<'a> {
 
 fn alerts_json<S: serde::Serializer>(alerts: &[Alert], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(alerts.iter().map(AlertObject::new))
-}
-
-impl StatsAnswer {
-    /// Reads the engine's numbers ([`Engine::stats`]), recent attempts and
-    /// alerts once, at `now`.
-    pub async fn read(engine: &Engine, now: Timestamp) -> Result<Self, StoreError> {
-        let stats = engine.stats().await?;
-        let alerts = engine.alerts_from(&stats).await?;
-        let windows = engine.recent_attempts(RATE_WINDOW).await?;
-        let mut by_name: BTreeMap<String, TopicStats> = engine
-            .topics()
-            .map(|t| (t.name.clone(), TopicStats::default()))
-            .collect();
-        by_name.extend(stats.into_iter().map(|s| (s.topic.clone(), s)));
-        let mut topics: Vec<TopicAnswer> = by_name
-            .into_iter()
-            .map(|(name, s)| TopicAnswer {
-                mode: engine.topic(&name).map_or("single", |t| t.mode.name()),
-                handler: if engine.has_handler(&name) {
-                    "built-in"
-                } else {
-                    "pull"
-                },
-                counts: Status::ALL
-                    .iter()
-                    .map(|st| (st.as_str(), s.count(*st)))
-                    .collect(),
-                oldest_pending_age_seconds: s.oldest_pending_age(now).map(|d| d.as_secs_f64()),
-                blocked_keys: s.blocked_keys,
-                rates: Rates::new(windows.iter().find(|w| w.topic == name)),
-                limits: None,
-                topic: name,
-            })
-            .collect();
-        for t in &mut topics {
-            let lately = t.rates.done_per_second + t.rates.failed_per_second;
-            let running = t.count(Status::Running);
-            t.limits = LimitsAnswer::read(engine, &t.topic, running, Some(lately)).await?;
-        }
-        Ok(Self { topics, alerts })
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 use crate::dispatch::{TopicRuntime, run_topic};
 use crate::handler::SharedHandler;
 use crate::maintenance::{AlertNotify, Maintenance};
-use crate::topology::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
+use crate::shared::Shared;
+use crate::spec::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
 use mailroom_core::{AlertRules, AlertRulesError};
 use mailroom_core::{Retention, Store};
 use std::collections::HashMap;
@@ -182,7 +183,7 @@ impl EngineBuilder {
         let mut topics = topic_runtimes(self.topics, &self.handlers)?;
         let sources = source_map(self.sources, &mut topics)?;
         Ok(Engine {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Shared {
                 store: self.store,
                 topics,
                 sources,
@@ -252,26 +253,10 @@ fn source_map(
     Ok(sources)
 }
 
-#[derive(Debug)]
-struct Inner {
-    store: Arc<dyn Store>,
-    topics: HashMap<String, Arc<TopicRuntime>>,
-    sources: HashMap<String, SourceSpec>,
-    worker: String,
-    poll: Duration,
-    maintenance_period: Duration,
-    retention: Retention,
-    alerts: AlertRules,
-    alert_every: Duration,
-    alert_notify: Option<AlertNotify>,
-    accept_undeclared: bool,
-    clock: Arc<dyn crate::clock::Clock>,
-}
-
 /// The running heart of mailroom. See the crate docs for an example.
 #[derive(Debug, Clone)]
 pub struct Engine {
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
 }
 
 impl Engine {
@@ -296,7 +281,7 @@ impl Engine {
 
     /// A topic's settings.
     pub fn topic(&self, name: &str) -> Option<&TopicSpec> {
-        self.inner.topics.get(name).map(|t| &t.spec)
+        self.inner.topic(name)
     }
 
     /// All topics' settings.
@@ -306,10 +291,7 @@ impl Engine {
 
     /// Whether `topic` has a built-in or registered handler (else it is pulled).
     pub fn has_handler(&self, topic: &str) -> bool {
-        self.inner
-            .topics
-            .get(topic)
-            .is_some_and(|t| t.handler.is_some())
+        self.inner.has_handler(topic)
     }
 
     /// A declared webhook source's settings.
@@ -323,14 +305,12 @@ impl Engine {
             .sources
             .get(source)
             .map(|s| s.max_body)
-            .unwrap_or(crate::topology::DEFAULT_MAX_BODY)
+            .unwrap_or(crate::spec::DEFAULT_MAX_BODY)
     }
 
     /// Wakes a topic's loop (e.g. after an outside write).
     pub fn wake(&self, topic: &str) {
-        if let Some(t) = self.inner.topics.get(topic) {
-            t.wake.notify_one();
-        }
+        self.inner.wake(topic);
     }
 
     /// Runs every topic that has a handler, plus maintenance, until
@@ -382,7 +362,10 @@ impl Engine {
                 shutdown.clone(),
             ));
         }
-        tasks.spawn(crate::observe::run_gauges(self.clone(), shutdown.clone()));
+        tasks.spawn(crate::observe::run_gauges(
+            self.inner.clone(),
+            shutdown.clone(),
+        ));
         while tasks.join_next().await.is_some() {}
     }
 }

@@ -130,7 +130,7 @@
 //!    [`RetryPolicy`] into done / retry-later / dead and stored with the
 //!    claim's token.
 //!
-//! [`topology`] describes topics and sources; the engine builder validates
+//! [`spec`] describes topics and sources; the engine builder validates
 //! them. The `mailroom.toml` file format lives in `mailroom-config`, the
 //! HTTP server in `mailroom-server`, the CLI in `mailroom-cli`.
 //!
@@ -150,10 +150,11 @@ pub mod metrics;
 mod observe;
 mod open;
 pub mod otel;
+mod shared;
+pub mod spec;
 #[cfg(test)]
 mod stalled;
 pub mod tls;
-pub mod topology;
 
 pub use accept::Refused;
 pub use engine::{
@@ -173,4 +174,4 @@ pub use mailroom_core::{Migrated, SchemaFit, SchemaVersion};
 pub use mailroom_core::{alert, duration, event, limit, redact};
 pub use maintenance::AlertNotify;
 pub use open::{open_store, open_store_with};
-pub use topology::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};
+pub use spec::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};

@@ -5,20 +5,21 @@
 //! `metrics` macros, with the names of [`crate::metrics`]; the binary
 //! installs the exporter.
 
-use crate::Engine;
 use crate::metrics as names;
+use crate::shared::Shared;
 use mailroom_core::Status;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How often gauges are refreshed.
 const PERIOD: Duration = Duration::from_secs(5);
 
-pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
+pub(crate) async fn run_gauges(shared: Arc<Shared>, shutdown: CancellationToken) {
     loop {
         // Counting a large store can be slow: shutdown does not wait.
         let stats = tokio::select! {
-            stats = engine.stats() => stats,
+            stats = shared.stats() => stats,
             () = shutdown.cancelled() => break,
         };
         if let Ok(stats) = stats {
@@ -47,14 +48,13 @@ pub(crate) async fn run_gauges(engine: Engine, shutdown: CancellationToken) {
 mod tests {
     use super::*;
     use crate::stalled::Stalled;
-    use std::sync::Arc;
 
     /// Shutdown while the store is still counting: the gauges stop at once.
     #[tokio::test]
     async fn shutdown_does_not_wait_for_slow_statistics() {
-        let engine = Engine::builder(Arc::new(Stalled)).build().expect("engine");
+        let shared = Arc::new(Shared::bare(Arc::new(Stalled)));
         let shutdown = CancellationToken::new();
-        let running = tokio::spawn(run_gauges(engine, shutdown.clone()));
+        let running = tokio::spawn(run_gauges(shared, shutdown.clone()));
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!running.is_finished(), "the count cannot have ended");
         shutdown.cancel();

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use mailroom::Engine;
 use mailroom::redact::url as redact;
 use mailroom_amqp::{AmqpError, AmqpStatus, Broker, Declared, declare_at};
-use mailroom_config::{AmqpPlan, Topology};
+use mailroom_config::{AmqpPlan, Specs};
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ pub(super) async fn run(cli: &Cli, command: &AmqpCommand, json: bool) -> Result<
 /// Declares `[amqp]` and prints what exists.
 async fn declare(cli: &Cli, json: bool) -> Result<()> {
     let config = load_config(cli)?;
-    let plan = Topology::from_config(&config)?.amqp;
+    let plan = Specs::from_config(&config)?.amqp;
     let Some(url) = plan.url.as_deref() else {
         bail!(
             "{}: no [amqp] url: nothing to declare (the [amqp] table names the broker and its exchanges and queues)",

@@ -7,7 +7,7 @@ use crate::{Cli, ConfigCommand};
 use anyhow::Result;
 use mailroom::redact::url as redact;
 use mailroom_amqp::QueueSpec;
-use mailroom_config::{AmqpPlan, Config, Topology};
+use mailroom_config::{AmqpPlan, Config, Specs};
 
 pub(super) fn run(cli: &Cli, command: &ConfigCommand, json: bool) -> Result<()> {
     match command {
@@ -26,14 +26,14 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
     config.checked_listen_addr()?;
     let undeclared = config.accept_undeclared_sources()?;
     // Validates every topic, source, handler and secret, without a store.
-    let topology = Topology::from_config(&config)?;
+    let specs = Specs::from_config(&config)?;
     super::serve::load_tls(&config)?;
     let warnings = warnings(&config);
     if json {
         outln!(
             "{}",
             serde_json::json!({ "ok": true, "file": config.origin, "warnings": warnings,
-                "accept_undeclared_sources": undeclared, "amqp": amqp_json(&topology.amqp) })
+                "accept_undeclared_sources": undeclared, "amqp": amqp_json(&specs.amqp) })
         );
         return Ok(());
     }
@@ -50,10 +50,10 @@ fn check(cli: &Cli, json: bool) -> Result<()> {
             tls.key_file.display()
         );
     }
-    print_topics(&config, &topology);
+    print_topics(&config, &specs);
     print_sources(&config);
-    print_amqp(&topology.amqp);
-    print_alerts(&topology);
+    print_amqp(&specs.amqp);
+    print_alerts(&specs);
     for w in &warnings {
         outln!("warning: {w}");
     }
@@ -75,8 +75,8 @@ fn warnings(config: &Config) -> Vec<String> {
     warnings
 }
 
-fn print_topics(config: &Config, topology: &Topology) {
-    let mut topics: Vec<_> = topology.topics.iter().collect();
+fn print_topics(config: &Config, specs: &Specs) {
+    let mut topics: Vec<_> = specs.topics.iter().collect();
     topics.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     for (t, handler) in topics {
         let mut limits = String::new();
@@ -155,8 +155,8 @@ fn print_sources(config: &Config) {
     }
 }
 
-fn print_alerts(topology: &Topology) {
-    let a = &topology.alerts;
+fn print_alerts(specs: &Specs) {
+    let a = &specs.alerts;
     let mut rules = Vec::new();
     if let Some(n) = a.dead_letter_depth {
         rules.push(format!("dead_letter_depth > {n}"));
@@ -176,7 +176,7 @@ fn print_alerts(topology: &Topology) {
     if !rules.is_empty() {
         outln!("  alerts  {} (per topic)", rules.join(", "));
     }
-    if let Some(n) = &topology.alert_notify {
+    if let Some(n) = &specs.alert_notify {
         let signed = if n.secret.is_some() {
             "signed"
         } else {

@@ -18,7 +18,7 @@ use crate::{Cli, Command, Filter};
 use anyhow::{Context, Result};
 use mailroom::{Engine, ListFilter, SchemaFit, Status, Store};
 use mailroom_config::file::MigrateMode;
-use mailroom_config::{Config, Topology};
+use mailroom_config::{Config, Specs};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -124,7 +124,7 @@ async fn connect(config: &Config) -> Result<Arc<dyn Store>> {
 /// through it, so replays get their topic's budget and reads share its rules.
 async fn offline_engine(config: &Config) -> Result<Engine> {
     let store = open(config).await?;
-    Ok(Topology::from_config(config)?.into_builder(store).build()?)
+    Ok(Specs::from_config(config)?.into_builder(store).build()?)
 }
 
 /// What the verbs do with a parsed [`Filter`].

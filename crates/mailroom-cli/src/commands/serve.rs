@@ -5,7 +5,7 @@
 use super::{amqp, load_config, open};
 use crate::Cli;
 use anyhow::{Context, Result, anyhow};
-use mailroom_config::{Config, Topology};
+use mailroom_config::{Config, Specs};
 use mailroom_server::tls::ServerTls;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -27,11 +27,11 @@ async fn serve(config: Config) -> Result<()> {
     let tokens = config.api_tokens();
     let undeclared = config.accept_undeclared_sources()?;
     let tls = load_tls(&config)?.map(Arc::new);
-    let mut topology = Topology::from_config(&config)?;
-    let plan = std::mem::take(&mut topology.amqp);
+    let mut specs = Specs::from_config(&config)?;
+    let plan = std::mem::take(&mut specs.amqp);
     amqp::declare_before_serve(&plan, &config.origin).await?;
     let store = open(&config).await?;
-    let engine = topology
+    let engine = specs
         .into_builder(store)
         .accept_undeclared_sources(undeclared)
         .build()?;
@@ -120,9 +120,9 @@ fn announce(
 }
 
 /// `[limits]` over the server's defaults.
-fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::limits::Limits {
-    let d = mailroom_server::limits::Limits::default();
-    mailroom_server::limits::Limits {
+fn server_limits(c: &mailroom_config::file::LimitsConfig) -> mailroom_server::shedding::Limits {
+    let d = mailroom_server::shedding::Limits::default();
+    mailroom_server::shedding::Limits {
         max_concurrent_requests: c
             .max_concurrent_requests
             .unwrap_or(d.max_concurrent_requests)

@@ -12,7 +12,7 @@ pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
     let config = load_config(cli)?;
     // Through the engine, so blocked keys count only where a dead head blocks.
     let engine = offline_engine(&config).await?;
-    let answer = StatsAnswer::read(&engine, jiff::Timestamp::now()).await?;
+    let answer = engine.stats_answer(jiff::Timestamp::now()).await?;
     if json {
         outln!("{}", serde_json::to_string(&answer)?);
         return Ok(());

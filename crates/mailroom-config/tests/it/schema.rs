@@ -3,7 +3,7 @@
 //! files the repository ships, one valid file per value format, and a set
 //! of wrong files, each also put to the loader itself.
 
-use mailroom_config::{Config, Topology};
+use mailroom_config::{Config, Specs};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -41,7 +41,7 @@ fn loads(text: &str) -> Result<(), String> {
         })
     };
     let config = Config::from_toml("mailroom.toml", text, &env).map_err(|e| e.to_string())?;
-    Topology::from_config(&config).map_err(|e| e.to_string())?;
+    Specs::from_config(&config).map_err(|e| e.to_string())?;
     Ok(())
 }
 

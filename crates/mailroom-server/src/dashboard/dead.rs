@@ -3,8 +3,7 @@
 //! shows while it runs.
 
 use super::pages::{EventRow, PAGE_SIZE, cursor};
-use super::session::Session;
-use super::view::{self, Frame, PageError, encode};
+use super::view::{self, Frame, PageError, Session, encode};
 use crate::AppState;
 use askama::Template;
 use axum::extract::{Path, Query, State};

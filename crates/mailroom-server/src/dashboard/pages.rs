@@ -1,8 +1,7 @@
 //! The overview, a topic's events, one event, and its replay and skip.
 
 use super::chart::{self, Series};
-use super::session::Session;
-use super::view::{self, Frame, PageError, encode, span, when};
+use super::view::{self, Frame, PageError, Session, encode, span, when};
 use crate::AppState;
 use askama::Template;
 use axum::Extension;
@@ -83,7 +82,7 @@ pub(crate) async fn overview(
     Extension(session): Extension<Session>,
 ) -> Result<Response, PageError> {
     let now = Timestamp::now();
-    let stats = StatsAnswer::read(&s.engine, now).await?;
+    let stats = s.engine.stats_answer(now).await?;
     let traffic = s
         .engine
         .throughput(Duration::from_secs(60 * chart::MINUTES as u64))
@@ -265,7 +264,7 @@ async fn topic_limits(s: &AppState, topic: &str) -> Result<Option<String>, PageE
     } else {
         0
     };
-    let limits = mailroom::answer::LimitsAnswer::read(&s.engine, topic, running, None).await?;
+    let limits = s.engine.limits_answer(topic, running, None).await?;
     Ok(limits.map(|l| l.summary()))
 }
 

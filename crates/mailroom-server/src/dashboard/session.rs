@@ -19,7 +19,7 @@
 //!   token as the form field `csrf` or the header `X-CSRF-Token` (the OWASP
 //!   synchronizer-token pattern).
 
-use super::view::{self, Frame, PageError};
+use super::view::{self, Frame, PageError, Session};
 use crate::AppState;
 use crate::auth::{self, Bearer, Route, same_origin};
 use askama::Template;
@@ -51,15 +51,6 @@ const MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 const MAX_SESSIONS: usize = 10_000;
 /// The largest form a dashboard action reads.
 const MAX_FORM: usize = 64 * 1024;
-
-/// What a page learns about the request's session.
-#[derive(Debug, Clone)]
-pub(crate) struct Session {
-    /// The token forms carry back (empty for bearer-authenticated requests).
-    pub(crate) csrf: String,
-    /// Whether there is a login to end (a token is configured).
-    pub(crate) can_logout: bool,
-}
 
 #[derive(Debug, Clone)]
 struct Entry {

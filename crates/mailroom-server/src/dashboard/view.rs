@@ -2,7 +2,6 @@
 //! session's CSRF token for the logout button), rendering, the error page,
 //! security headers, and how times and durations read.
 
-use super::session::Session;
 use askama::Template;
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -11,6 +10,15 @@ use axum::response::{Html, IntoResponse, Response};
 use jiff::Timestamp;
 use mailroom::StoreError;
 use std::time::Duration;
+
+/// What a page learns about the request's session.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// The token forms carry back (empty for bearer-authenticated requests).
+    pub(crate) csrf: String,
+    /// Whether there is a login to end (a token is configured).
+    pub(crate) can_logout: bool,
+}
 
 /// The frame of every page.
 #[derive(Debug, Clone)]

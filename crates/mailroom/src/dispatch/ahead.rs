@@ -26,7 +26,7 @@
 //! loop waiting for a slot would hold the very outcomes whose recording
 //! frees it.
 
-use crate::topology::TopicSpec;
+use crate::spec::TopicSpec;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

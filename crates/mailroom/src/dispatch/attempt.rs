@@ -146,7 +146,7 @@ async fn call_handler(
     let (verdict, elapsed) = guarded(topic.spec.timeout, call).await;
     let outcome = verdict.unwrap_or_else(|failed| failed);
     if let Some(pause) = outcome.pause() {
-        super::limits::pause(store, topic, pause).await;
+        super::throttle::pause(store, topic, pause).await;
     }
     settle(topic, event, outcome, elapsed)
 }

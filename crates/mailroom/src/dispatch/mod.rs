@@ -26,14 +26,14 @@ mod ahead;
 pub(crate) mod attempt;
 pub(crate) mod batch;
 pub(crate) mod idle;
-pub(crate) mod limits;
 mod notifications;
 pub(crate) mod telemetry;
+pub(crate) mod throttle;
 
 pub(crate) use notifications::run_notifications;
 
 use crate::handler::SharedHandler;
-use crate::topology::TopicSpec;
+use crate::spec::TopicSpec;
 use attempt::{Finished, Record, Slot, release, run_attempt};
 use mailroom_core::{
     ClaimRequest, Claimed, Completion, EventId, FencingToken, LimitedClaim, Store,
@@ -68,8 +68,8 @@ pub(crate) struct TopicRuntime {
     pub spec: TopicSpec,
     pub handler: Option<SharedHandler>,
     pub wake: Notify,
-    /// The pause a 429 + `Retry-After` asked for (`limits`).
-    pub pause: limits::Pause,
+    /// The pause a 429 + `Retry-After` asked for (`throttle`).
+    pub pause: throttle::Pause,
 }
 
 impl TopicRuntime {
@@ -79,7 +79,7 @@ impl TopicRuntime {
             spec,
             handler,
             wake: Notify::new(),
-            pause: limits::Pause::default(),
+            pause: throttle::Pause::default(),
         }
     }
 }
@@ -217,7 +217,7 @@ impl TopicLoop {
         // Fewer than asked: nothing more is due right now, or max_running
         // is full (ask again soon: other instances' attempts end unseen).
         let until = if capped {
-            limits::RUNNING_RECHECK
+            throttle::RUNNING_RECHECK
         } else {
             // A wake-up (an event just committed) while the next due time
             // is read claims at once: the read is a store round trip, and
@@ -236,7 +236,7 @@ impl TopicLoop {
     async fn claim(&mut self, req: &ClaimRequest) -> mailroom_core::Result<LimitedClaim> {
         let done = std::mem::take(&mut self.done);
         let (results, claim) =
-            limits::claim_recording(&*self.store, &self.topic, req, items(&done)).await;
+            throttle::claim_recording(&*self.store, &self.topic, req, items(&done)).await;
         for (f, result) in done.into_iter().zip(results) {
             attempt::recorded(f.id, result);
             drop(f.slot);

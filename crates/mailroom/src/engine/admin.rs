@@ -3,10 +3,13 @@
 //! Every write wakes the topic it touched.
 
 use super::Engine;
+use crate::answer::{LimitsAnswer, RATE_WINDOW, Rates, StatsAnswer, TopicAnswer};
+use jiff::Timestamp;
 use mailroom_core::{
     Alert, AlertRules, AttemptWindow, Event, EventId, EventSearch, ListFilter, Page, PurgeReport,
-    ReplayReport, Retention, StoreError, Throughput, TopicStats,
+    ReplayReport, Retention, Status, StoreError, Throughput, TopicStats,
 };
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 impl Engine {
@@ -157,21 +160,7 @@ impl Engine {
     /// really blocks its key (sequential topics with `on_dead = "block"`):
     /// the store cannot know a topic's mode.
     pub async fn stats(&self) -> Result<Vec<TopicStats>, StoreError> {
-        let mut stats = self.inner.store.stats().await?;
-        for s in &mut stats {
-            let blocks = self.inner.topics.get(&s.topic).is_some_and(|t| {
-                matches!(
-                    t.spec.mode,
-                    mailroom_core::Mode::Sequential {
-                        on_dead: mailroom_core::OnDead::Block
-                    }
-                )
-            });
-            if !blocks {
-                s.blocked_keys = 0;
-            }
-        }
-        Ok(stats)
+        self.inner.stats().await
     }
 
     /// Per topic, the attempts that finished in the last `window` (how many,
@@ -253,6 +242,75 @@ impl Engine {
             matching,
             cancelled,
         })
+    }
+
+    /// `topic`'s limits with `running` events and `attempts_per_second`
+    /// lately; `None` when it has no limits and is not paused. Reads the
+    /// pause only of topics with a built-in handler (the only ones a 429
+    /// pauses).
+    pub async fn limits_answer(
+        &self,
+        topic: &str,
+        running: u64,
+        attempts_per_second: Option<f64>,
+    ) -> Result<Option<LimitsAnswer>, StoreError> {
+        let spec = self.topic(topic);
+        let paused = if self.has_handler(topic) {
+            self.paused_for(topic).await?
+        } else {
+            None
+        };
+        let limited = spec.is_some_and(|s| s.is_limited());
+        if !limited && paused.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(LimitsAnswer {
+            rate: spec.and_then(|s| s.rate).map(|r| r.to_string()),
+            attempts_per_second: attempts_per_second
+                .filter(|_| spec.is_some_and(|s| s.rate.is_some())),
+            max_running: spec.and_then(|s| s.max_running),
+            running,
+            paused_seconds: paused.map(|d| d.as_secs_f64()),
+        }))
+    }
+
+    /// The numbers of `GET /v1/stats` and `mailroom status`: [`Engine::stats`],
+    /// recent attempts and alerts read once, at `now`.
+    pub async fn stats_answer(&self, now: Timestamp) -> Result<StatsAnswer, StoreError> {
+        let stats = self.stats().await?;
+        let alerts = self.alerts_from(&stats).await?;
+        let windows = self.recent_attempts(RATE_WINDOW).await?;
+        let mut by_name: BTreeMap<String, TopicStats> = self
+            .topics()
+            .map(|t| (t.name.clone(), TopicStats::default()))
+            .collect();
+        by_name.extend(stats.into_iter().map(|s| (s.topic.clone(), s)));
+        let mut topics: Vec<TopicAnswer> = by_name
+            .into_iter()
+            .map(|(name, s)| TopicAnswer {
+                mode: self.topic(&name).map_or("single", |t| t.mode.name()),
+                handler: if self.has_handler(&name) {
+                    "built-in"
+                } else {
+                    "pull"
+                },
+                counts: Status::ALL
+                    .iter()
+                    .map(|st| (st.as_str(), s.count(*st)))
+                    .collect(),
+                oldest_pending_age_seconds: s.oldest_pending_age(now).map(|d| d.as_secs_f64()),
+                blocked_keys: s.blocked_keys,
+                rates: Rates::new(windows.iter().find(|w| w.topic == name)),
+                limits: None,
+                topic: name,
+            })
+            .collect();
+        for t in &mut topics {
+            let lately = t.rates.done_per_second + t.rates.failed_per_second;
+            let running = t.count(Status::Running);
+            t.limits = self.limits_answer(&t.topic, running, Some(lately)).await?;
+        }
+        Ok(StatsAnswer { topics, alerts })
     }
 
     fn budget(&self, topic: &str) -> u32 {

@@ -6,7 +6,7 @@
 use super::Engine;
 use crate::accept::{self, Refused};
 use crate::intake::{self, IntakeError};
-use crate::topology::{SourceSpec, TopicSpec};
+use crate::spec::{SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
 use mailroom_core::{EventId, Inserted, NewEvent, StoreError};
@@ -256,7 +256,7 @@ impl Engine {
             None => return Err(IntakeError::UnknownSource(source.to_string())),
         };
         intake::verify::check(spec, headers, &body)?;
-        let topic = self.spec_or_default(&spec.topic);
+        let topic = self.inner.spec_or_default(&spec.topic);
         // An unusable body (no dedup key, bad JSON where a field is read)
         // is a rejected event, as an unusable AMQP message is; a failed
         // signature is not: it counts in `mailroom_verification_failures_total`.

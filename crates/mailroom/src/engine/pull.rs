@@ -7,11 +7,9 @@
 use super::Engine;
 use crate::dispatch::attempt::resolve;
 use crate::dispatch::telemetry::record_outcome;
-use crate::topology::TopicSpec;
 use mailroom_core::{
     Claimed, Completion, EventId, FencingToken, LimitedClaim, Outcome, StoreError, Timestamp,
 };
-use std::borrow::Cow;
 use std::time::Duration;
 
 /// Why a pull claim was refused.
@@ -40,14 +38,14 @@ impl Engine {
         if self.has_handler(topic) {
             return Err(ClaimError::NotPullTopic(topic.to_string()));
         }
-        let spec = self.spec_or_default(topic);
+        let spec = self.inner.spec_or_default(topic);
         let req = spec.claim_request(worker, max, lease.unwrap_or(spec.lease));
         // Declared topics' claims meet their limits (rate, max_running,
         // a pause); a limit that allows nothing now answers an empty claim.
         let Some(rt) = self.inner.topics.get(topic) else {
             return Ok(self.inner.store.claim(&req).await?);
         };
-        match crate::dispatch::limits::claim(&*self.inner.store, rt, &req).await? {
+        match crate::dispatch::throttle::claim(&*self.inner.store, rt, &req).await? {
             LimitedClaim::Claimed { claimed, .. } => Ok(claimed),
             LimitedClaim::Wait(_) => Ok(Vec::new()),
         }
@@ -65,7 +63,7 @@ impl Engine {
             Some(lease) => lease,
             None => {
                 let event = self.get(id).await?.ok_or(StoreError::NotFound)?;
-                self.spec_or_default(&event.topic).lease
+                self.inner.spec_or_default(&event.topic).lease
             }
         };
         self.inner.store.extend(id, token, lease).await
@@ -82,7 +80,7 @@ impl Engine {
         outcome: Outcome,
     ) -> Result<Completion, StoreError> {
         let event = self.get(id).await?.ok_or(StoreError::NotFound)?;
-        let spec = self.spec_or_default(&event.topic);
+        let spec = self.inner.spec_or_default(&event.topic);
         // The claim's attempt number is its token.
         let completion = resolve(outcome, token.0, event.max_attempts, &spec.retry);
         self.inner
@@ -92,14 +90,5 @@ impl Engine {
         record_outcome(&event, &completion, None);
         self.wake(&event.topic);
         Ok(completion)
-    }
-
-    /// The settings of `topic`, or the defaults a topic nobody declared gets
-    /// (events of such a topic may sit in a shared store).
-    pub(crate) fn spec_or_default(&self, topic: &str) -> Cow<'_, TopicSpec> {
-        match self.topic(topic) {
-            Some(spec) => Cow::Borrowed(spec),
-            None => Cow::Owned(TopicSpec::new(topic)),
-        }
     }
 }

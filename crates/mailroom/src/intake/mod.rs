@@ -9,7 +9,7 @@
 
 pub(crate) mod verify;
 
-use crate::topology::{Field, SourceSpec, TopicSpec};
+use crate::spec::{Field, SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
 use mailroom_core::{Delivery, EventId, NewEvent};

@@ -3,7 +3,7 @@
 //! secrets for rotation).
 
 use super::IntakeError;
-use crate::topology::SourceSpec;
+use crate::spec::SourceSpec;
 use http::HeaderMap;
 
 /// Verification comes first: a request that fails gets 401 and learns

@@ -4,7 +4,7 @@
 use super::support::{Server, start};
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
-use mailroom_server::limits::Limits;
+use mailroom_server::shedding::Limits;
 use mailroom_signatures::{DEFAULT_TOLERANCE, Scheme, Verifier};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

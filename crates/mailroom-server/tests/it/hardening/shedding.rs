@@ -3,10 +3,10 @@
 //! request answered 200 is stored.
 
 use super::support::{problem, retry_after, start};
-use mailroom::topology::RateLimit;
+use mailroom::spec::RateLimit;
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
-use mailroom_server::limits::Limits;
+use mailroom_server::shedding::Limits;
 use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

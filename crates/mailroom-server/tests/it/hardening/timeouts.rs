@@ -4,7 +4,7 @@
 use super::support::{Gate, Server, start};
 use mailroom::{SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
-use mailroom_server::limits::Limits;
+use mailroom_server::shedding::Limits;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -17,7 +17,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt as _;
-use mailroom::topology::RateLimit;
+use mailroom::spec::RateLimit;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

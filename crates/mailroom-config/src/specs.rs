@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// Everything a configuration declares, validated and built (handlers
 /// included), without a store.
 #[derive(Debug)]
-pub struct Topology {
+pub struct Specs {
     /// Topics, each with its built-in handler (`None`: pulled).
     pub topics: Vec<(TopicSpec, Option<SharedHandler>)>,
     /// The `[[source]]` webhook endpoints, validated (AMQP sources are in
@@ -34,10 +34,10 @@ pub struct Topology {
     pub alert_notify: Option<AlertNotify>,
 }
 
-impl Topology {
+impl Specs {
     /// Validates `config` and builds its topics, handlers and sources; the
     /// first problem is an error naming its key.
-    pub fn from_config(config: &Config) -> Result<Topology, ConfigError> {
+    pub fn from_config(config: &Config) -> Result<Specs, ConfigError> {
         let mut amqp = crate::amqp::plan(config)?;
         let mut topics = Vec::new();
         for (i, t) in config.topics.iter().enumerate() {
@@ -62,7 +62,7 @@ impl Topology {
             amqp.sources.push(consumer);
         }
         otlp_traces_url(config)?;
-        Ok(Topology {
+        Ok(Specs {
             topics,
             sources,
             amqp,
@@ -173,15 +173,15 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn topology(toml: &str) -> Result<Topology, String> {
+    fn specs(toml: &str) -> Result<Specs, String> {
         let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
-        Topology::from_config(&config).map_err(|e| e.to_string())
+        Specs::from_config(&config).map_err(|e| e.to_string())
     }
 
     /// `[alerts]` thresholds become the engine's rules; out-of-range ones are refused by key.
     #[test]
     fn alert_thresholds_become_rules_and_bad_ones_are_named() {
-        let t = topology(
+        let t = specs(
             "[alerts]\ndead_letter_depth = 10\nbacklog = 1000\nfailure_rate = 0.05\nprocessing_time = \"5s\"\n",
         )
         .unwrap();
@@ -194,14 +194,14 @@ mod tests {
                 processing_time: Some(Duration::from_secs(5)),
             }
         );
-        assert!(!topology("").unwrap().alerts.any());
+        assert!(!specs("").unwrap().alerts.any());
         for bad in ["0", "1.5", "-0.1", "nan"] {
-            let err = topology(&format!("[alerts]\nfailure_rate = {bad}\n"))
+            let err = specs(&format!("[alerts]\nfailure_rate = {bad}\n"))
                 .map(|_| ())
                 .unwrap_err();
             assert!(err.contains("alerts.failure_rate"), "{bad}: {err}");
         }
-        let err = topology("[alerts]\nprocessing_time = \"0s\"\n")
+        let err = specs("[alerts]\nprocessing_time = \"0s\"\n")
             .map(|_| ())
             .unwrap_err();
         assert!(err.contains("alerts.processing_time"), "{err}");
@@ -211,7 +211,7 @@ mod tests {
     /// http(s), an undecodable secret or an unknown key is refused by key.
     #[test]
     fn alert_notifications_need_an_http_url_and_a_decodable_secret() {
-        let t = topology(
+        let t = specs(
             "[alerts]\nbacklog = 1\nnotify = { http = { url = \"http://127.0.0.1:9/alerts\", secret = \"whsec_c2VjcmV0\", timeout = \"3s\" } }\n",
         )
         .unwrap();
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(n.url.as_str(), "http://127.0.0.1:9/alerts");
         assert_eq!(n.secret.as_deref(), Some(&b"secret"[..]));
         assert_eq!(n.timeout, Duration::from_secs(3));
-        assert!(topology("").unwrap().alert_notify.is_none());
+        assert!(specs("").unwrap().alert_notify.is_none());
         for (notify, key) in [
             (
                 r#"{ http = { url = "ftp://x/" } }"#,
@@ -238,7 +238,7 @@ mod tests {
                 "sekret",
             ),
         ] {
-            let err = topology(&format!("[alerts]\nnotify = {notify}\n")).unwrap_err();
+            let err = specs(&format!("[alerts]\nnotify = {notify}\n")).unwrap_err();
             assert!(err.contains(key), "{notify}: {err}");
         }
     }
@@ -269,7 +269,7 @@ mod tests {
             );
             let config = Config::from_toml("m.toml", &text, &|_| None).unwrap();
             assert!(
-                Topology::from_config(&config).is_err(),
+                Specs::from_config(&config).is_err(),
                 "config check refuses {bad}"
             );
         }
@@ -279,7 +279,7 @@ mod tests {
     fn refused_alerts_name_the_key_and_carry_the_rules_error() {
         let config =
             Config::from_toml("m.toml", "[alerts]\nfailure_rate = 1.5\n", &|_| None).unwrap();
-        let err = Topology::from_config(&config).unwrap_err();
+        let err = Specs::from_config(&config).unwrap_err();
         assert!(
             matches!(&err, ConfigError::Alerts { key, error: mailroom::AlertRulesError::FailureRate(_), .. } if key == "alerts.failure_rate"),
             "{err:?}"
@@ -288,7 +288,7 @@ mod tests {
             err.to_string(),
             "m.toml: alerts.failure_rate: a share of attempts in (0, 1], e.g. 0.05 for 5%; got 1.5"
         );
-        let err = topology("[alerts]\nprocessing_time = \"0s\"\n").unwrap_err();
+        let err = specs("[alerts]\nprocessing_time = \"0s\"\n").unwrap_err();
         assert_eq!(err, "m.toml: alerts.processing_time: must be more than 0");
     }
 
@@ -304,12 +304,12 @@ mod tests {
             "{ command = { argv = [\"./handle.sh\"], env = [\"HANDLER_TOKEN\", \"_X1\"] } }",
             "{ command = { argv = [\"./handle.sh\"] } }",
         ] {
-            let t = topology(&format!(
+            let t = specs(&format!(
                 "[[topic]]\nname = \"jobs\"\nhandler = {handler}\n"
             ));
             assert!(t.is_ok_and(|t| t.topics[0].1.is_some()), "{handler}");
         }
-        let err = topology(
+        let err = specs(
             "[[topic]]\nname = \"jobs\"\nhandler = { command = { argv = [\"x\"], env = [\"A=B\"] } }\n",
         )
         .expect_err("refused");
@@ -321,10 +321,10 @@ mod tests {
 
     #[test]
     fn unset_keys_take_the_runtime_defaults() {
-        let t = topology("[[topic]]\nname = \"jobs\"\n").unwrap();
+        let t = specs("[[topic]]\nname = \"jobs\"\n").unwrap();
         assert_eq!(t.topics[0].0, TopicSpec::new("jobs"));
         assert_eq!(t.retention, Retention::default());
-        let t = topology("[[topic]]\nname = \"jobs\"\nretry = { base = \"5s\" }\n").unwrap();
+        let t = specs("[[topic]]\nname = \"jobs\"\nretry = { base = \"5s\" }\n").unwrap();
         let mut expected = TopicSpec::new("jobs");
         if let mailroom::Backoff::Exponential { base, .. } = &mut expected.retry.backoff {
             *base = Duration::from_secs(5);
@@ -340,7 +340,7 @@ mod tests {
         let refused = |topic: &str| {
             let toml = format!("[[topic]]\nname = \"t\"\n{topic}\n");
             let config = Config::from_toml("m.toml", &toml, &|_| None).unwrap();
-            match Topology::from_config(&config) {
+            match Specs::from_config(&config) {
                 Err(ConfigError::Topic { key, error, .. }) => (key, error),
                 other => panic!("{topic}: {other:?}"),
             }
@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(key, "topic[0].batch.max_size");
         let (key, _) = refused("retry = { jitter = 1.5 }");
         assert_eq!(key, "topic[0].retry.jitter");
-        let err = topology("[[topic]]\nname = \"t\"\nlease = \"1s\"\n").unwrap_err();
+        let err = specs("[[topic]]\nname = \"t\"\nlease = \"1s\"\n").unwrap_err();
         assert_eq!(
             err,
             "m.toml: topic[0].lease: lease (1s) must be longer than timeout (30s)"
@@ -372,22 +372,22 @@ mod tests {
             &|_| None,
         )
         .unwrap();
-        let (t, _) = Topology::from_config(&config).unwrap().topics.remove(0);
+        let (t, _) = Specs::from_config(&config).unwrap().topics.remove(0);
         assert_eq!(t.rate.map(|r| r.to_string()).as_deref(), Some("50/m"));
         assert_eq!(t.max_running, Some(4));
         assert_eq!(
-            topology("[[topic]]\nname = \"t\"\nrate = \"50/d\"\n")
+            specs("[[topic]]\nname = \"t\"\nrate = \"50/d\"\n")
                 .map(|_| ())
                 .unwrap_err(),
             "m.toml: topic[0].rate: \"50/d\" is not a rate (expected N/s, N/m or N/h with N at least 1, e.g. \"50/s\")"
         );
         assert_eq!(
-            topology("[[topic]]\nname = \"t\"\nmax_running = 0\n")
+            specs("[[topic]]\nname = \"t\"\nmax_running = 0\n")
                 .map(|_| ())
                 .unwrap_err(),
             "m.toml: topic[0].max_running: max_running must be at least 1"
         );
-        let err = topology("[[topic]]\nname = \"t\"\nmode = \"batch\"\nrate = \"5/s\"\n");
+        let err = specs("[[topic]]\nname = \"t\"\nmode = \"batch\"\nrate = \"5/s\"\n");
         let err = err.map(|_| ()).unwrap_err();
         assert!(
             err.starts_with("m.toml: topic[0].rate: rate is not supported on batch"),
@@ -401,7 +401,7 @@ mod tests {
     fn refused_sources_name_the_key_and_carry_the_spec_error() {
         let config =
             Config::from_toml("m.toml", "[[source]]\nname = \"a b\"\n", &|_| None).unwrap();
-        let err = Topology::from_config(&config).unwrap_err();
+        let err = Specs::from_config(&config).unwrap_err();
         assert!(
             matches!(&err, ConfigError::Source { key, error: mailroom::SourceSpecError::Name, .. } if key == "source[0].name"),
             "{err:?}"
@@ -410,7 +410,7 @@ mod tests {
             err.to_string(),
             "m.toml: source[0].name: use letters, digits, '-', '_' or '.' (it is a URL segment)"
         );
-        let err = topology("[[source]]\nname = \"s\"\nmax_body = 0\n").unwrap_err();
+        let err = specs("[[source]]\nname = \"s\"\nmax_body = 0\n").unwrap_err();
         assert_eq!(err, "m.toml: source[0].max_body: must be more than 0");
     }
 }
