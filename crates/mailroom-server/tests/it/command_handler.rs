@@ -1,7 +1,7 @@
 //! The `command` handler, configured from TOML: stdin, environment, exit codes.
 
 use crate::support::{Db, outcomes, start_with};
-use mailroom_config::{Config, Topology};
+use mailroom_config::{Config, Specs};
 use mailroom_server::ServerOptions;
 use serde_json::json;
 use std::time::Duration;
@@ -43,8 +43,8 @@ handler = {{ command = ["sh", "-c", {script}, {prefix}] }}
     );
     let config = Config::from_toml("mailroom.toml", &config_text, &|_| None).expect("config");
     let server = start_with(db, "127.0.0.1:0", ServerOptions::default(), |store| {
-        Topology::from_config(&config)
-            .expect("topology from config")
+        Specs::from_config(&config)
+            .expect("specs from config")
             .into_builder(store)
             .poll_interval(Duration::from_millis(200))
     })

@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use bytes::Bytes;
-use mailroom_config::{Config, Topology};
+use mailroom_config::{Config, Specs};
 use mailroom_server::ServerOptions;
 use mailroom_signatures::{DEFAULT_TOLERANCE, Scheme, Verifier};
 use std::sync::{Arc, Mutex};
@@ -136,8 +136,8 @@ handler = {{ http = {{ url = "{receiver}/gone" }} }}
         "127.0.0.1:0",
         ServerOptions::default(),
         |store| {
-            Topology::from_config(&config)
-                .expect("topology from config")
+            Specs::from_config(&config)
+                .expect("specs from config")
                 .into_builder(store)
                 .poll_interval(Duration::from_millis(200))
         },
@@ -291,8 +291,8 @@ handler = {{ http = {{ url = "{redirector}/hook", secret = "{SECRET}", headers =
         "127.0.0.1:0",
         ServerOptions::default(),
         |store| {
-            Topology::from_config(&config)
-                .expect("topology from config")
+            Specs::from_config(&config)
+                .expect("specs from config")
                 .into_builder(store)
                 .poll_interval(Duration::from_millis(200))
         },
@@ -437,8 +437,8 @@ handler = {{ http = {{ url = "{receiver}/wrongca", ca_file = "{other_ca}", clien
         "127.0.0.1:0",
         ServerOptions::default(),
         |store| {
-            Topology::from_config(&config)
-                .expect("topology from config")
+            Specs::from_config(&config)
+                .expect("specs from config")
                 .into_builder(store)
                 .poll_interval(Duration::from_millis(200))
         },
@@ -486,7 +486,7 @@ fn handler_tls_files_are_checked_at_start_naming_key_and_file() {
             "[[topic]]\nname = \"t\"\nhandler = {{ http = {{ url = \"https://127.0.0.1:1/\", {handler} }} }}\n"
         );
         let config = Config::from_toml("m.toml", &toml, &|_| None).expect("parses");
-        match Topology::from_config(&config) {
+        match Specs::from_config(&config) {
             Ok(_) => panic!("accepted: {handler}"),
             Err(e) => e.to_string(),
         }
