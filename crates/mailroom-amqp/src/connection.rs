@@ -11,10 +11,10 @@
 //! queue (and are deduplicated when redelivered).
 
 use crate::broker::Broker;
+use crate::declare::{Declared, Topology, declare};
 use crate::error::{AmqpError, Result};
 use crate::publish::AmqpHandler;
 use crate::source::AmqpSource;
-use crate::spec::{Declared, Topology, declare};
 use futures::StreamExt;
 use lapin::{Connection, ConnectionProperties};
 use mailroom::redact::url as redact;

@@ -15,7 +15,7 @@ use crate::file::{ByteSize, Config};
 use crate::interpolated::INTERPOLATED;
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::borrow::Cow;
 
 /// The dialect of [`schema`]: JSON Schema draft 2020-12.

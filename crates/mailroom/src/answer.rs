@@ -14,9 +14,7 @@
 //! mailroom-server's `/openapi.json` is built from.
 
 use jiff::Timestamp;
-use mailroom_core::{
-    Alert, Attempt, AttemptWindow, Claimed, Event, EventId, Page, Status, StoreError, TopicStats,
-};
+use mailroom_core::{Alert, Attempt, AttemptWindow, Claimed, Event, EventId, Page, Status};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;

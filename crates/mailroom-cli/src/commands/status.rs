@@ -6,7 +6,7 @@ use crate::Cli;
 use crate::table::render;
 use anyhow::Result;
 use mailroom::Status;
-use mailroom::answer::{StatsAnswer, TopicAnswer};
+use mailroom::answer::TopicAnswer;
 
 pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
     let config = load_config(cli)?;

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use jiff::Timestamp;
-use mailroom::answer::{EventObject, StatsAnswer, TopicAnswer};
+use mailroom::answer::{EventObject, TopicAnswer};
 use mailroom::{Event, EventId, KeyCursor, ListFilter, Mode, OnDead, Status};
 use serde::Deserialize;
 use std::time::Duration;
