@@ -28,10 +28,10 @@ pub mod source;
 
 pub use broker::Broker;
 pub use connection::{AmqpConnection, AmqpStatus, declare_at};
-pub use error::{AmqpError, Result};
-pub use publish::{AmqpHandler, AmqpHandlerSpec};
-pub use source::{AmqpSource, AmqpSourceSpec};
 pub use declare::{
     Binding, DeadLetterRoute, Declared, ExchangeSpec, ExchangeType, Overflow, QueueArgument,
     QueueSpec, QueueType, Topology, declare,
 };
+pub use error::{AmqpError, Result};
+pub use publish::{AmqpHandler, AmqpHandlerSpec};
+pub use source::{AmqpSource, AmqpSourceSpec};

@@ -13,7 +13,7 @@ use mailroom::Engine;
 use mailroom_amqp::{
     AmqpConnection, AmqpError, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec,
     DeadLetterRoute, ExchangeSpec, ExchangeType, Overflow, QueueArgument, QueueSpec, QueueType,
-    Topology, topology::TYPED_ARGUMENTS,
+    Topology, declare::TYPED_ARGUMENTS,
 };
 
 /// Longest name AMQP 0-9-1 carries (a short string).
@@ -546,7 +546,7 @@ handler = { amqp = { exchange = "ev", routing_key = "{topic}.{key}", envelope = 
     #[test]
     fn queue_keys_and_publish_properties_are_read() {
         use mailroom_amqp::{DeadLetterRoute, Overflow, QueueArgument, QueueType};
-        let t = topology(
+        let t = specs(
             r#"
 [amqp]
 url = "amqp://x/%2f"

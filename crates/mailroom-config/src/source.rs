@@ -161,7 +161,7 @@ fn scheme_named(
 
 #[cfg(test)]
 mod tests {
-    use crate::{Config, Topology};
+    use crate::{Config, Specs};
     use serde_json::Value;
 
     /// A kind's table: its keys and values.
@@ -227,7 +227,7 @@ mod tests {
         props.keys().cloned().collect()
     }
 
-    /// The topology built from `toml`, printed, or the load error.
+    /// The specs built from `toml`, printed, or the load error.
     fn load(toml: &str) -> Result<String, String> {
         let config = Config::from_toml("m.toml", toml, &|_| None).map_err(|e| e.to_string())?;
         Specs::from_config(&config)
