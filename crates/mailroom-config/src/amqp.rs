@@ -612,7 +612,7 @@ handler = { amqp = { exchange = "e", routing_key = "k", expiration = "10m", prio
     /// a batch topic, and a topic with another handler, keep 16.
     #[test]
     fn publishing_topics_default_to_a_deep_concurrency() {
-        let t = topology(
+        let t = specs(
             r#"
 [amqp]
 url = "amqp://x/%2f"
