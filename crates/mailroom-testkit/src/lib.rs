@@ -22,6 +22,9 @@
 //! A test of a frozen network (packets held or dropped, connections left
 //! open) puts a [`FreezeProxy`] between the client and the server.
 //!
+//! A test of a real `mailroom` process uses the [`harness`]: the process
+//! itself, a recording handler endpoint, and the checker of what it did.
+//!
 //! ```no_run
 //! # async fn demo() {
 //! let url = mailroom_testkit::fresh_postgres_db().await;
@@ -34,6 +37,7 @@
 use sqlx::Connection as _;
 
 mod freeze;
+pub mod harness;
 mod private_pg;
 mod private_rabbit;
 pub use freeze::{Freeze, FreezeProxy};

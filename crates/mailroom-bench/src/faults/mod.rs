@@ -2,20 +2,19 @@
 //! process) under recorded load, then checks the record against the store
 //! and prints one row per scenario. See the README for the matrix.
 //!
-//! - `record.rs`: acknowledgements and handler calls on one clock;
-//! - `load.rs`: senders that record every ack; `receiver.rs`: the handler
-//!   endpoint that records every call and misbehaves on request;
-//! - `child.rs`: the mailroom process; `store.rs`: the SQL reads;
-//! - `check.rs`: the checker, a plain function with its own unit tests;
+//! The process, the handler endpoint, the record, the store's reads and
+//! the checker are `mailroom-testkit`'s harness, shared with the
+//! multi-process tests of `mailroom-cli`:
+//!
+//! - `child.rs`: which `mailroom` binary runs;
+//! - `load.rs`: senders that record every ack;
 //! - `scenarios/`: one file per attack.
 
-mod check;
 mod child;
 mod load;
-mod receiver;
-mod record;
 mod scenarios;
-mod store;
+
+use mailroom_testkit::harness::{check, record, store};
 
 use crate::backend::Backend;
 use std::process::ExitCode;

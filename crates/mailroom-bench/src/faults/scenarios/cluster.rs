@@ -46,7 +46,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let stuck = stop_and_drain(loads, &world.fresh.url, &mut notes).await?;
     for s in &mut serves {
         s.signal_term()?;
-        s.wait_exit(Duration::from_secs(30)).await?;
+        s.exit_within(Duration::from_secs(30)).await?;
     }
     let (record, verdict) = world.check(&seq_expect()).await?;
     let mut report = Report::new("cluster", backend.name(), &record, verdict);

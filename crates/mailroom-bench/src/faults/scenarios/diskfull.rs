@@ -123,7 +123,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let drained =
         store::settle(&world.fresh.url, store::all_final, Duration::from_secs(60)).await?;
     serve.signal_term()?;
-    let exit = serve.wait_exit(Duration::from_secs(30)).await?;
+    let exit = serve.exit_within(Duration::from_secs(30)).await?;
     let integrity = store::sqlite_integrity(&world.fresh.url)?;
     let (record, verdict) = world.check(&Expect::default()).await?;
     let mut report = Report::new("diskfull", backend.name(), &record, verdict);

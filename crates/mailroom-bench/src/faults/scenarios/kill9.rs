@@ -35,7 +35,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let mut notes = vec![format!("{kills} kills")];
     let stuck = stop_and_drain(loads, &world.fresh.url, &mut notes).await?;
     serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
+    serve.exit_within(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&seq_expect()).await?;
     let mut report = Report::new("kill9", backend.name(), &record, verdict);
     report.recovery = recovery(&record, &faults);

@@ -59,7 +59,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     stop.store(true, Ordering::SeqCst);
     join_all(workers, Duration::from_secs(30), "the pull workers").await?;
     serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
+    serve.exit_within(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&Expect::default()).await?;
     let hung = (0..4)
         .map(|c| (0..per_client).filter(|i| hangs(c, *i).is_some()).count())

@@ -17,7 +17,7 @@ mod storm;
 use super::check::{self, Expect, Verdict};
 use super::child::{Serve, write_config};
 use super::load::{Load, Running};
-use super::receiver::Receiver;
+use mailroom_testkit::harness::Receiver;
 use super::record::{Record, Recorder};
 use super::{Report, store};
 use crate::backend::{Backend, Fresh};
@@ -142,7 +142,7 @@ impl World {
     }
 
     pub async fn serve(&self) -> anyhow::Result<Serve> {
-        Serve::start(&self.config, &self.fresh.url).await
+        super::child::serve(&self.config, &self.fresh.url).await
     }
 
     /// `kill -9` of `serve`, recorded as a disruption from just before the
@@ -150,7 +150,7 @@ impl World {
     /// handlers whose success it will never commit. Returns when it began.
     pub async fn kill9(&self, serve: &mut Serve) -> Duration {
         let from = self.rec.now();
-        serve.kill9().await;
+        serve.kill9();
         self.rec.disrupted_between(from, self.rec.now());
         from
     }

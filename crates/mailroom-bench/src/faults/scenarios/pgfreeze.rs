@@ -102,7 +102,7 @@ async fn run(
         .to_owned();
     let proxy = FreezeProxy::start(&host).await?;
     let mut serve =
-        super::super::child::Serve::start(&world.config, &proxy.url_for(&world.fresh.url)).await?;
+        super::super::child::serve(&world.config, &proxy.url_for(&world.fresh.url)).await?;
     let targets = targets(vec![serve.base.clone()]);
     let loads = two_loads()
         .iter()
@@ -134,7 +134,7 @@ async fn run(
     let mut notes = Vec::new();
     let stuck = stop_and_drain(loads, &world.fresh.url, &mut notes).await?;
     serve.signal_term()?;
-    let exit = serve.wait_exit(Duration::from_secs(30)).await?;
+    let exit = serve.exit_within(Duration::from_secs(30)).await?;
     let snapshot = world.rec.snapshot();
     let back = Healing::measure(&snapshot, &probes, healed);
     // Completions and claims cut off by the freeze are redone after their

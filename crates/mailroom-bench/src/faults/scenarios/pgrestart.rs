@@ -98,7 +98,7 @@ async fn attack(
     let mut notes = Vec::new();
     let stuck = stop_and_drain(loads, &world.fresh.url, &mut notes).await?;
     serve.signal_term()?;
-    let exit = serve.wait_exit(Duration::from_secs(30)).await?;
+    let exit = serve.exit_within(Duration::from_secs(30)).await?;
     // Completions that failed while the database was away, or on a
     // connection it cut, are redone after their lease: the outage lasts
     // until the first ack after the restart.

@@ -167,7 +167,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let rows = store::rows(&world.fresh.url).await?;
     let errors = dead_errors(&serve.base, &rows).await?;
     serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
+    serve.exit_within(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&expect).await?;
     let mut report = Report::new("poison", backend.name(), &record, verdict);
     if drained.is_none() {

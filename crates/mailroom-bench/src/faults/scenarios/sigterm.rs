@@ -42,7 +42,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     let mut notes = Vec::new();
     let stuck = stop_and_drain(loads, &world.fresh.url, &mut notes).await?;
     serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
+    serve.exit_within(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&seq_expect()).await?;
     let mut report = Report::new("sigterm", backend.name(), &record, verdict);
     report.failures.extend(stopped.failures);
@@ -78,7 +78,7 @@ struct Stopped {
 async fn stop(world: &World, serve: &mut Serve) -> anyhow::Result<Stopped> {
     let at = world.rec.now();
     serve.signal_term()?;
-    let status = serve.wait_exit(Duration::from_secs(40)).await?;
+    let status = serve.exit_within(Duration::from_secs(40)).await?;
     let exited = world.rec.now();
     let mut failures = Vec::new();
     if !status.success() {

@@ -39,7 +39,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         store::settle(&world.fresh.url, store::all_final, Duration::from_secs(60)).await?;
     for s in &mut serves {
         s.signal_term()?;
-        s.wait_exit(Duration::from_secs(30)).await?;
+        s.exit_within(Duration::from_secs(30)).await?;
     }
     let (record, verdict) = world.check(&Expect::default()).await?;
     let mut report = Report::new("storm", backend.name(), &record, verdict);

@@ -6,7 +6,6 @@
 //! failures, and the operator's session must survive.
 
 use crate::faults::Report;
-use crate::faults::child::Serve;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,7 +65,7 @@ pub async fn run(dir: &Path, r: &mut Report) -> anyhow::Result<()> {
     let config = dir.join("login.toml");
     std::fs::write(&config, format!("api_token = \"{TOKEN}\"\n"))?;
     let store = format!("sqlite://{}", dir.join("login.db").display());
-    let mut serve = Serve::start(&config, &store).await?;
+    let mut serve = crate::faults::child::serve(&config, &store).await?;
     let base = serve.base.clone();
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -114,7 +113,9 @@ pub async fn run(dir: &Path, r: &mut Report) -> anyhow::Result<()> {
         .await?
         .status();
     serve.signal_term()?;
-    serve.wait_exit(std::time::Duration::from_secs(30)).await?;
+    serve
+        .exit_within(std::time::Duration::from_secs(30))
+        .await?;
 
     let forms = forms_ok.load(Ordering::Relaxed);
     r.sent += forms + GUESSES as u64;

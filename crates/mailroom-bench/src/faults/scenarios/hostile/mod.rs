@@ -134,7 +134,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
     check_fd_limit(2 * scale.slow as u64 + 1024)?;
     let world = World::new(&backend, Duration::ZERO, config).await?;
     let mut serve = world.serve().await?;
-    let pid = serve.pid()?.to_string();
+    let pid = serve.pid().to_string();
     let addr: SocketAddr = serve.base.trim_start_matches("http://").parse()?;
     let rss = Rss::start(pid.clone());
     let good = WellBehaved::start(&serve.base, &world.rec, 4)?;
@@ -155,7 +155,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         store::settle(&world.fresh.url, store::all_final, Duration::from_secs(30)).await?;
     let (logged, others) = (rejection_lines(&serve), serve.problem_summary());
     serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
+    serve.exit_within(Duration::from_secs(30)).await?;
     let (record, verdict) = world.check(&Expect::default()).await?;
     let mut report = Report::new("hostile", backend.name(), &record, verdict);
     login::run(world.dir.path(), &mut report).await?;
@@ -584,13 +584,8 @@ fn judge_memory(before: u64, peak: u64, r: &mut Report) {
 /// The server's rejection log lines by class: (lines, requests they count).
 fn rejection_lines(serve: &crate::faults::child::Serve) -> BTreeMap<String, (u64, u64)> {
     let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for (_, line) in serve
-        .problems
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-    {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+    for line in serve.problems() {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
         let fields = v.get("fields").unwrap_or(&v);
         if let Some(class) = fields["class"].as_str() {
             let e = by.entry(class.to_owned()).or_default();

@@ -142,7 +142,7 @@ async fn run_with(quick: bool, backend: Backend, attack: Attack) -> anyhow::Resu
     drop(prober);
     let done = loads.finish(&world).await?;
     serve.signal_term()?;
-    serve.wait_exit(Duration::from_secs(30)).await?;
+    serve.exit_within(Duration::from_secs(30)).await?;
     let rows = store::rows(&world.fresh.url).await?;
     let record = world.rec.snapshot();
     let verdict = consumed_verdict(&record, &rows);
@@ -412,7 +412,7 @@ async fn first_new_row(
     let count =
         |rows: &[crate::faults::check::Row]| rows.iter().filter(|r| r.topic == topic).count();
     let at_start = count(&store::rows(url).await?);
-    store::settle(url, |rows| count(rows) > at_start, limit).await
+    Ok(store::settle(url, |rows| count(rows) > at_start, limit).await?)
 }
 
 /// Waits until every row is final, every confirmed message is stored and

@@ -1,6 +1,6 @@
-//! What the load generators and the handlers saw: every acknowledgement and
-//! every handler call, on one clock (since the scenario's start), so the
-//! checker can compare them with the store.
+//! What the senders and the handlers saw: every acknowledgement and every
+//! handler call, on one clock (since the run's start), so the checker can
+//! compare them with the store.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -87,7 +87,14 @@ pub struct Recorder {
     inner: Arc<Mutex<Record>>,
 }
 
+impl Default for Recorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Recorder {
+    /// An empty record whose clock starts now.
     pub fn new() -> Self {
         Self {
             epoch: Instant::now(),
@@ -100,6 +107,7 @@ impl Recorder {
         self.epoch.elapsed()
     }
 
+    /// The record, to add to it.
     pub fn lock(&self) -> MutexGuard<'_, Record> {
         // A panic while holding the lock would only have pushed a record.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -115,6 +123,7 @@ impl Recorder {
         t.saturating_duration_since(self.epoch)
     }
 
+    /// A copy of everything recorded so far.
     pub fn snapshot(&self) -> Record {
         self.lock().clone()
     }

@@ -3,7 +3,7 @@
 //! the RabbitMQ parts they document, and the programs under `examples/` do
 //! what the book says when run against a real mailroom.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;
@@ -275,7 +275,7 @@ async fn the_python_outbox_example_enqueues_with_the_business_write() {
 async fn the_python_pull_worker_example_finishes_every_event() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = format!("sqlite://{}", dir.path().join("mailroom.db").display());
-    let serve = support::Serve::start_quick(dir.path(), &store);
+    let serve = support::serve_quick(dir.path(), &store);
     let http = reqwest::Client::new();
     for n in 1..=3 {
         let resp = http

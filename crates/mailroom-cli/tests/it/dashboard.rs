@@ -3,8 +3,8 @@
 //! fantoccini, against the real `mailroom serve` binary. Screenshots of
 //! every page go to `<target>/tmp/dashboard-screenshots/`.
 
-mod support;
-
+use crate::support;
+use crate::support::Serve;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use std::net::TcpListener as StdListener;
@@ -13,7 +13,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::Serve;
 
 const TOKEN: &str = "browser-test-token";
 const WAIT: Duration = Duration::from_secs(20);
@@ -217,7 +216,7 @@ async fn an_operator_finds_and_replays_a_dead_event_in_the_browser() {
     let fixed = Arc::new(AtomicBool::new(false));
     let cfg = config(dir.path(), &receiver(fixed.clone()).await);
     let store = format!("sqlite://{}", dir.path().join("mailroom.db").display());
-    let serve = Serve::start(&cfg, &store);
+    let serve = support::serve(&cfg, &store);
     let id = dead_order(&serve).await;
 
     let driver = Driver::start(&shots.join("chromedriver.log"));

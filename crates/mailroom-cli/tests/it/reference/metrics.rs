@@ -1,11 +1,11 @@
 //! `reference/metrics.md`, from `mailroom::metrics::ALL`.
 
-use crate::markdown::{cell, table};
+use super::markdown::{cell, table};
 use mailroom::metrics::ALL;
 
 /// The page.
 pub fn render() -> String {
-    let mut out = crate::generated_note("the metrics table in `crates/mailroom/src/metrics.rs`");
+    let mut out = super::generated_note("the metrics table in `crates/mailroom/src/metrics.rs`");
     out.push_str("\n# Metrics\n\n");
     out.push_str(
         "`mailroom serve` exposes these at `GET /metrics` in the Prometheus text format \

@@ -2,9 +2,9 @@
 //! quick start (no config file) on loopback; a configured mailroom answers
 //! 404 on every address, loopback and behind a same-host proxy included.
 
-mod support;
+use crate::support;
 
-use support::Serve;
+use crate::support::Serve;
 
 const TOKEN: &str = "an-operator-token-of-some-length-0123456789";
 
@@ -28,7 +28,7 @@ handler = {{ command = ["true"] }}
         ),
     );
     let url = format!("sqlite://{}", dir.join("m.db").display());
-    Serve::start(&config, &url)
+    support::serve(&config, &url)
 }
 
 /// Events stored in `topic`, read through the API with the token.
@@ -102,7 +102,7 @@ async fn a_configured_mailroom_answers_404_to_undeclared_sources_on_loopback() {
 async fn the_quick_start_accepts_undeclared_sources() {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("m.db").display());
-    let serve = Serve::start_quick(dir.path(), &url);
+    let serve = support::serve_quick(dir.path(), &url);
     let http = reqwest::Client::new();
     let resp = http
         .post(format!("{}/webhooks/github-test", serve.base))

@@ -1,40 +1,15 @@
 //! Durability of acknowledged events across a `kill -9` of `mailroom serve`.
 
+use crate::support::{self, Serve};
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Starts `mailroom serve` in `dir` on a free loopback port; returns the child
-/// and its base URL (read from the JSON start-up log line). The caller kills
-/// and reaps the child; if start-up fails the test panics and the process
-/// dies with the test harness.
-#[allow(clippy::zombie_processes)]
-fn start(dir: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mailroom"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .current_dir(dir)
-        .env_remove("MAILROOM_CONFIG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mailroom serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        assert!(Instant::now() < deadline, "mailroom did not start in time");
-        let line = lines.next().expect("log line").expect("read log");
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-            if let Some(listen) = v.get("listen").and_then(|l| l.as_str()) {
-                // Keep draining stderr so the child never blocks on a full pipe.
-                std::thread::spawn(move || for _ in lines.by_ref() {});
-                return (child, format!("http://{listen}"));
-            }
-        }
-    }
+/// The quick start in `dir` on its SQLite file.
+fn start(dir: &Path) -> Serve {
+    let store = format!("sqlite://{}", dir.join("mailroom.db").display());
+    support::serve_quick(dir, &store)
 }
 
 /// Every event answered 200 before a `kill -9` is in the store after restart:
@@ -42,7 +17,8 @@ fn start(dir: &Path) -> (Child, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_events_survive_kill_9() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut child, base) = start(dir.path());
+    let mut serve = start(dir.path());
+    let base = serve.base.clone();
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
     let client = reqwest::Client::new();
     let stop_at = Instant::now() + Duration::from_secs(30);
@@ -76,8 +52,7 @@ async fn acknowledged_events_survive_kill_9() {
     while acked.lock().expect("lock").len() < 2000 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.kill().expect("kill -9"); // SIGKILL on Unix
-    child.wait().expect("reap");
+    serve.kill9();
     for t in tasks {
         t.await.expect("load task");
     }
@@ -89,7 +64,8 @@ async fn acknowledged_events_survive_kill_9() {
     );
 
     // Restart and count: every acknowledged id must be stored.
-    let (mut child, base) = start(dir.path());
+    let serve = start(dir.path());
+    let base = serve.base.clone();
     let mut stored = HashSet::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -113,8 +89,7 @@ async fn acknowledged_events_survive_kill_9() {
             None => break,
         }
     }
-    child.kill().expect("stop");
-    let _ = child.wait();
+    drop(serve);
     let lost: Vec<_> = acked.difference(&stored).collect();
     assert!(
         lost.is_empty(),

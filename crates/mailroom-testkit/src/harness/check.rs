@@ -1,5 +1,6 @@
 //! The checker: a plain function over what was recorded and what the store
-//! holds at the end. It knows nothing of the attack that produced them.
+//! holds at the end. It knows nothing of the attack that produced them, so
+//! the fault matrix's rows and the multi-process tests judge a run alike.
 
 use super::record::{Call, Outcome, Record};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -8,11 +9,17 @@ use std::time::Duration;
 /// One row of `events` as the store holds it after the scenario.
 #[derive(Debug, Clone)]
 pub struct Row {
+    /// The event id.
     pub id: String,
+    /// Its dedup key.
     pub dedup_key: String,
+    /// Its topic.
     pub topic: String,
+    /// Its ordering key, if any.
     pub key: Option<String>,
+    /// `done`, `dead`, `pending`...
     pub status: String,
+    /// Attempts made.
     pub attempts: i64,
     /// Attempts mailroom recorded as cut by its timeout: a success the
     /// handler side saw in such an attempt came too late to count, so the
@@ -29,6 +36,7 @@ pub struct Expect {
     /// `dead_attempts` attempts. Every other event must end `done`, except
     /// those queued behind a dead head of a sequential key (`pending`).
     pub dead: HashSet<String>,
+    /// How many attempts a poison event gets before it is dead.
     pub dead_attempts: i64,
 }
 
@@ -330,7 +338,7 @@ fn check_order(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::faults::record::Ack;
+    use crate::harness::record::Ack;
 
     impl Verdict {
         fn passed(&self) -> bool {

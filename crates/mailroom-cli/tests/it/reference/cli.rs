@@ -1,6 +1,6 @@
 //! `reference/cli.md`, from clap's definition (`mailroom_cli::command`).
 
-use crate::markdown::{cell, one_line, table};
+use super::markdown::{cell, one_line, table};
 use clap::{Arg, Command};
 
 /// The page.
@@ -8,7 +8,7 @@ pub fn render() -> String {
     let mut root = mailroom_cli::command();
     root.build();
     let mut out =
-        crate::generated_note("the command line's definition in `crates/mailroom-cli/src/lib.rs`");
+        super::generated_note("the command line's definition in `crates/mailroom-cli/src/lib.rs`");
     out.push_str("\n# Command line\n\n");
     if let Some(about) = root.get_about() {
         out.push_str(&format!("{}\n\n", one_line(&about.to_string())));

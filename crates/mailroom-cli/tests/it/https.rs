@@ -6,8 +6,8 @@
 //! Certificates come from `$MAILROOM_TEST_TLS_DIR` (`scripts/services.sh`);
 //! renewed ones are issued here by the same test CA with openssl.
 
-mod support;
-
+use crate::support;
+use crate::support::{run_mailroom, write_config};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Serve, run_mailroom, write_config};
 
 const TOKEN: &str = "https-test-token";
 
@@ -190,7 +189,7 @@ async fn https_serves_and_renews_its_certificate_under_load_with_sighup() {
     let cfg = config(dir.path(), &tls.join("server.pem"), &tls.join("server.key"));
     let serve = {
         let (cfg, store) = (cfg.clone(), store(dir.path()));
-        tokio::task::spawn_blocking(move || Serve::start(&cfg, &store))
+        tokio::task::spawn_blocking(move || support::serve(&cfg, &store))
             .await
             .expect("start")
     };
@@ -260,7 +259,7 @@ async fn https_serves_and_renews_its_certificate_under_load_with_sighup() {
     assert_ne!(new, old);
     replace(&new_key, &dir.path().join("server.key"));
     replace(&new_cert, &dir.path().join("server.pem"));
-    serve.signal("HUP");
+    serve.signal("HUP").expect("kill -HUP");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got = send_new(&serve.base, sent.fetch_add(1, Ordering::Relaxed))
@@ -308,12 +307,10 @@ async fn https_serves_and_renews_its_certificate_under_load_with_sighup() {
     // A renewal whose key is not the certificate's is refused; the
     // renewed certificate stays.
     replace(&tls.join("client.key"), &dir.path().join("server.key"));
-    serve.signal("HUP");
+    serve.signal("HUP").expect("kill -HUP");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !serve
-        .problems
-        .lock()
-        .expect("lock")
+        .problems()
         .iter()
         .any(|l| l.contains("\"ERROR\"") && l.contains("not reloaded") && l.contains("key_file"))
     {

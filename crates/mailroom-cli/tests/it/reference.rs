@@ -7,24 +7,19 @@
 //! route or metric fails here until the page is regenerated:
 //!
 //! ```text
-//! MAILROOM_BLESS=1 cargo nextest run -p mailroom-cli --test reference
+//! MAILROOM_BLESS=1 cargo nextest run -p mailroom-cli --test it reference::
 //! ```
 
-#[path = "reference/cli.rs"]
 mod cli;
-#[path = "reference/config.rs"]
 mod config;
-#[path = "reference/http_api.rs"]
 mod http_api;
-#[path = "reference/markdown.rs"]
 mod markdown;
-#[path = "reference/metrics.rs"]
 mod metrics;
 
 use std::path::PathBuf;
 
 /// The command that rewrites the pages.
-const REGENERATE: &str = "MAILROOM_BLESS=1 cargo nextest run -p mailroom-cli --test reference";
+const REGENERATE: &str = "MAILROOM_BLESS=1 cargo nextest run -p mailroom-cli --test it reference::";
 
 /// `docs/src/reference/<page>`.
 fn page_path(page: &str) -> PathBuf {

@@ -4,13 +4,13 @@
 //! histograms with buckets from 1 ms to 60 s. AMQP publishing uses the
 //! broker of `MAILROOM_TEST_AMQP_URL`; the store is SQLite.
 
-mod support;
+use crate::support;
 
+use crate::support::write_config;
 use lapin::options::ExchangeDeleteOptions;
 use lapin::{Connection, ConnectionProperties};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
-use support::{Receiver, Serve, write_config};
 
 /// The documented metrics: name, `# TYPE`, label names (a histogram's
 /// buckets add `le`).
@@ -318,11 +318,11 @@ fn check_alert_rules(text: &str, s: &Scrape) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_named_typed_and_labelled_as_documented() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let receiver = Receiver::start(0).await;
+    let (receiver, _calls) = support::receiver(Duration::ZERO).await;
     let exchange = format!("metrics-{:08x}.events", support::rand_below(1 << 32));
     let path = config(dir.path(), &receiver.url, &exchange);
     let store = format!("sqlite://{}", dir.path().join("m.db").display());
-    let serve = std::thread::spawn(move || Serve::start(&path, &store))
+    let serve = std::thread::spawn(move || support::serve(&path, &store))
         .join()
         .expect("start serve");
     traffic(&serve.base).await;

@@ -4,12 +4,10 @@
 //! when the URL names none.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{run_mailroom, write_config};
 use mailroom_testkit::{postgres_tls_admin_url, tls_dir, with_params};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{run_mailroom, write_config};
 
 /// `mailroom serve` with a CA that did not sign the server's certificate
 /// exits non-zero within seconds (as for any store it cannot open), with

@@ -1,7 +1,7 @@
 //! `reference/configuration.md`, from the JSON Schema that
 //! `mailroom config schema` prints (`mailroom_config::schema::schema`).
 
-use crate::markdown::{anchor, cell, one_line, table};
+use super::markdown::{anchor, cell, one_line, table};
 use serde_json::{Map, Value};
 
 /// The `$defs` described in "Value formats" rather than inline.
@@ -10,7 +10,7 @@ const FORMATS: [&str; 4] = ["Duration", "ByteSize", "Rate", "RequestRate"];
 /// The page.
 pub fn render() -> String {
     let schema = mailroom_config::schema::schema();
-    let mut out = crate::generated_note(
+    let mut out = super::generated_note(
         "the JSON Schema of the configuration file (`mailroom config schema`), itself derived from the file's types in `crates/mailroom-config`",
     );
     out.push_str(

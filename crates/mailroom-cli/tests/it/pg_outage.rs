@@ -5,14 +5,15 @@
 //! If the store fails, the answer is 503, never 200 — and the
 //! process must ride the outage out and serve again afterwards.
 
-mod support;
+use crate::support;
 
+use crate::support::write_config;
 use mailroom_testkit::PrivatePostgres;
+use mailroom_testkit::harness::Outcome as Call;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Receiver, Serve, write_config};
 
 const CLIENTS: usize = 16;
 /// No request may take longer than this (it would count as a hang).
@@ -123,7 +124,7 @@ async fn serve_rides_out_a_postgres_restart_under_load() {
             .await
             .expect("private postgres"),
     );
-    let receiver = Receiver::start(0).await;
+    let (receiver, rec) = support::receiver(Duration::ZERO).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write_config(
         dir.path(),
@@ -147,7 +148,7 @@ handler = {{ http = {{ url = "{}" }} }}
     );
     let mut serve = {
         let (config, url) = (config.clone(), pg.url().to_owned());
-        tokio::task::spawn_blocking(move || Serve::start(&config, &url))
+        tokio::task::spawn_blocking(move || support::serve(&config, &url))
             .await
             .expect("start")
     };
@@ -296,12 +297,13 @@ handler = {{ http = {{ url = "{}" }} }}
         "not done 60 s after the outage",
     )
     .await;
-    let keys: HashSet<String> = sqlx::query_scalar("SELECT dedup_key FROM mailroom.events")
-        .fetch_all(&pool)
-        .await
-        .expect("keys")
-        .into_iter()
-        .collect();
+    let stored: Vec<(String, String)> =
+        sqlx::query_as("SELECT id::text, dedup_key FROM mailroom.events")
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+    let keys: HashSet<String> = stored.iter().map(|(_, k)| k.clone()).collect();
+    let ids: HashSet<String> = stored.into_iter().map(|(id, _)| id).collect();
     let lost: Vec<_> = acked.difference(&keys).collect();
     assert!(
         lost.is_empty(),
@@ -309,14 +311,15 @@ handler = {{ http = {{ url = "{}" }} }}
         lost.len(),
         lost.first()
     );
-    let delivered: HashSet<String> = receiver
-        .deliveries()
+    let delivered: HashSet<String> = rec
+        .snapshot()
+        .calls
         .into_iter()
-        .filter(|d| d.completed)
-        .map(|d| d.dedup_key)
+        .filter(|c| c.outcome == Call::Succeeded)
+        .map(|c| c.event_id)
         .collect();
     assert!(
-        keys.is_subset(&delivered),
+        ids.is_subset(&delivered),
         "stored events that were never delivered"
     );
     assert!(serve.alive(), "mailroom serve died");

@@ -1,5 +1,6 @@
 //! The handler side: an HTTP/1.1 endpoint on 127.0.0.1:0 that records every
-//! call mailroom makes (event id, attempt, start, end, outcome).
+//! call mailroom makes (event id, attempt, start, end, outcome) in a
+//! [`Recorder`].
 //!
 //! Written over a bare `TcpStream` rather than a server framework because
 //! the attacks need what frameworks hide: resetting a connection (linger 0)
@@ -22,9 +23,41 @@ pub struct Receiver {
     pub url: String,
 }
 
+/// How long a successful call takes.
+#[derive(Debug, Clone, Copy)]
+enum Delay {
+    /// Always this long.
+    Fixed(Duration),
+    /// A random time from zero to this, so that overlapping runs of one
+    /// event would show as overlapping calls.
+    UpTo(Duration),
+}
+
+impl Delay {
+    fn pick(self) -> Duration {
+        match self {
+            Self::Fixed(d) => d,
+            Self::UpTo(max) => {
+                let us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
+                Duration::from_micros(super::rand_below(us.saturating_add(1)))
+            }
+        }
+    }
+}
+
 impl Receiver {
     /// Binds and serves; each successful call takes `delay`.
-    pub async fn start(rec: Recorder, delay: Duration) -> anyhow::Result<Self> {
+    pub async fn start(rec: Recorder, delay: Duration) -> std::io::Result<Self> {
+        Self::serve(rec, Delay::Fixed(delay)).await
+    }
+
+    /// Binds and serves; each successful call takes a random time up to
+    /// `max`.
+    pub async fn start_jittered(rec: Recorder, max: Duration) -> std::io::Result<Self> {
+        Self::serve(rec, Delay::UpTo(max)).await
+    }
+
+    async fn serve(rec: Recorder, delay: Delay) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
@@ -46,11 +79,11 @@ struct Request {
 }
 
 /// Serves one keep-alive connection, request after request.
-async fn connection(mut stream: TcpStream, rec: Recorder, delay: Duration) {
+async fn connection(mut stream: TcpStream, rec: Recorder, delay: Delay) {
     let mut buf = Vec::new();
     while let Some(req) = read_request(&mut stream, &mut buf).await {
         let start = rec.now();
-        let (outcome, answered) = respond(&mut stream, &req, delay, &rec).await;
+        let (outcome, answered) = respond(&mut stream, &req, delay.pick(), &rec).await;
         let end = rec.now();
         // Keep the connection only after a whole answer.
         let keep = answered.is_some() && outcome != Outcome::Cut;

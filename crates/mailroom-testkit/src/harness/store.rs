@@ -1,34 +1,37 @@
 //! Reads of the store the checker compares with the record: only the
 //! documented columns of `events` (SQLite) / `mailroom.events` (PostgreSQL).
 
+use super::HarnessError;
 use super::check::Row;
-use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Every event row, with the attempts mailroom cut at its timeout.
-pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
+pub async fn rows(url: &str) -> Result<Vec<Row>, HarnessError> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         let path = path.to_owned();
-        return tokio::task::spawn_blocking(move || sqlite_rows(&path)).await?;
+        return tokio::task::spawn_blocking(move || sqlite_rows(&path))
+            .await
+            .map_err(|e| store("reading SQLite", e))?
+            .map_err(|e| store("reading SQLite", e));
     }
     let mut c = PgConnection::connect(url)
         .await
-        .context("connecting to PostgreSQL")?;
+        .map_err(|e| store("connecting to PostgreSQL", e))?;
     let rows: Vec<(String, String, String, Option<String>, String, i64)> = sqlx::query_as(
         "SELECT id::text, dedup_key, topic, key, status, attempts::bigint FROM mailroom.events",
     )
     .fetch_all(&mut c)
     .await
-    .context("reading mailroom.events")?;
+    .map_err(|e| store("reading mailroom.events", e))?;
     let cut: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT e.id::text, a.attempt::bigint FROM mailroom.attempts a \
          JOIN mailroom.events e ON e.seq = a.event_seq WHERE {TIMED_OUT}"
     )))
     .fetch_all(&mut c)
     .await
-    .context("reading mailroom.attempts")?;
+    .map_err(|e| store("reading mailroom.attempts", e))?;
     let _ = c.close().await;
     let rows = rows
         .into_iter()
@@ -62,10 +65,13 @@ fn with_timeouts(mut rows: Vec<Row>, cut: Vec<(String, i64)>) -> Vec<Row> {
     rows
 }
 
-fn sqlite_rows(path: &str) -> anyhow::Result<Vec<Row>> {
+fn store(what: &str, e: impl std::fmt::Display) -> HarnessError {
+    HarnessError::Store(format!("{what}: {e}"))
+}
+
+fn sqlite_rows(path: &str) -> rusqlite::Result<Vec<Row>> {
     let db =
-        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .with_context(|| format!("opening {path}"))?;
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     db.busy_timeout(Duration::from_secs(10))?;
     let mut st = db.prepare("SELECT id, dedup_key, topic, key, status, attempts FROM events")?;
     let rows = st
@@ -91,15 +97,21 @@ fn sqlite_rows(path: &str) -> anyhow::Result<Vec<Row>> {
 }
 
 /// `PRAGMA integrity_check` of a SQLite store: `ok` or what it found.
-pub fn sqlite_integrity(url: &str) -> anyhow::Result<String> {
-    let path = url.strip_prefix("sqlite://").context("not a SQLite URL")?;
-    let db =
-        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    let found: Vec<String> = db
-        .prepare("PRAGMA integrity_check")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    Ok(found.join("; "))
+pub fn sqlite_integrity(url: &str) -> Result<String, HarnessError> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .ok_or_else(|| HarnessError::Store(format!("not a SQLite URL: {url}")))?;
+    let check = || -> rusqlite::Result<Vec<String>> {
+        let db = rusqlite::Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )?;
+        let mut st = db.prepare("PRAGMA integrity_check")?;
+        st.query_map([], |r| r.get(0))?.collect()
+    };
+    Ok(check()
+        .map_err(|e| store("PRAGMA integrity_check", e))?
+        .join("; "))
 }
 
 /// Waits until `settled(rows)` holds (or `limit` passes); how long it
@@ -108,7 +120,7 @@ pub async fn settle(
     url: &str,
     settled: impl Fn(&[Row]) -> bool,
     limit: Duration,
-) -> anyhow::Result<Option<Duration>> {
+) -> Result<Option<Duration>, HarnessError> {
     let started = Instant::now();
     loop {
         if settled(&rows(url).await?) {

@@ -1,7 +1,7 @@
 //! `reference/http-api.md`, from the OpenAPI document the server serves at
 //! `GET /openapi.json`, asked of the real router in-process.
 
-use crate::markdown::{anchor, cell, one_line, table};
+use super::markdown::{anchor, cell, one_line, table};
 use axum::body::Body;
 use http::Request;
 use serde_json::{Map, Value};
@@ -43,7 +43,7 @@ const METHODS: [&str; 7] = ["get", "post", "put", "patch", "delete", "head", "op
 pub async fn render() -> String {
     let doc = document().await;
     let mut out =
-        crate::generated_note("the OpenAPI document the server serves at `GET /openapi.json`");
+        super::generated_note("the OpenAPI document the server serves at `GET /openapi.json`");
     out.push_str("\n# HTTP API\n\n");
     if let Some(d) = doc.pointer("/info/description").and_then(Value::as_str) {
         out.push_str(&format!("{}\n\n", one_line(d)));

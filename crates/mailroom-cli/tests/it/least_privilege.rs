@@ -3,12 +3,11 @@
 //! `[store] migrate = "never"` (docs/src/guides/operations.md, "Migrations and least
 //! privilege").
 
-mod support;
-
+use crate::support;
+use crate::support::{Serve, run_mailroom, write_config};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use support::{Serve, run_mailroom, write_config};
 
 /// What the server log may not hold: PostgreSQL's permission errors and
 /// the warning of a VACUUM skipped for want of ownership.
@@ -125,7 +124,7 @@ async fn post(http: &reqwest::Client, base: &str, body: serde_json::Value) -> St
 
 /// Permission errors among a server's WARN and ERROR lines.
 fn permission_problems(serve: &Serve) -> Vec<String> {
-    let lines = serve.problems.lock().expect("lock");
+    let lines = serve.problems();
     lines
         .iter()
         .filter(|l| PERMISSION_PROBLEMS.iter().any(|p| l.contains(p)))
@@ -198,7 +197,7 @@ async fn serve_runs_under_a_dml_only_role_after_an_owner_migrates() {
     .expect("privileges");
     assert!(!can_create, "the service's role may not change the schema");
 
-    let serve = Serve::start(&cfg, &app_url);
+    let serve = support::serve(&cfg, &app_url);
     let http = reqwest::Client::new();
     let base = serve.base.clone();
     for i in 0..5 {
@@ -331,14 +330,14 @@ async fn serve_runs_under_a_dml_only_role_after_an_owner_migrates() {
     assert_eq!(done, 6, "{stats}");
 
     let mut serve = serve;
-    assert!(serve.terminate(), "a clean stop");
+    assert!(serve.terminate().expect("SIGTERM"), "a clean stop");
     let mut problems = permission_problems(&serve);
 
     // Retention runs when an instance takes over maintenance: the done
     // payloads (kept 1 s) are dropped by a second instance, and the other
     // verbs work under `never` too.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut serve = Serve::start(&cfg, &app_url);
+    let mut serve = support::serve(&cfg, &app_url);
     until(
         &owner,
         "SELECT count(*) FROM mailroom.events WHERE status = 'done' AND payload IS NOT NULL",
@@ -350,7 +349,7 @@ async fn serve_runs_under_a_dml_only_role_after_an_owner_migrates() {
     assert!(ok && out.contains("work"), "{out}{err}");
     let (ok, _, err) = run_mailroom(&cfg, &app_url, &["purge", "--older-than", "1s"], limit);
     assert!(ok, "{err}");
-    assert!(serve.terminate(), "a clean stop");
+    assert!(serve.terminate().expect("SIGTERM"), "a clean stop");
     problems.extend(permission_problems(&serve));
     assert!(problems.is_empty(), "permission problems: {problems:?}");
     assert!(calls.load(Ordering::SeqCst) >= 13);

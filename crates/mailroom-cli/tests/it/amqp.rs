@@ -4,8 +4,10 @@
 //! consuming, the outbox relay, and `/readyz`. Every test uses its own
 //! exchange and queue names, and a fresh PostgreSQL database as its store.
 
-mod support;
+use crate::support;
+use mailroom_testkit::harness::eventually;
 
+use crate::support::{Serve, run_mailroom, write_config};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -15,7 +17,6 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Exchange
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::{Serve, run_mailroom, write_config};
 
 fn amqp_url() -> String {
     mailroom_testkit::amqp_url()
@@ -121,22 +122,6 @@ fn message(key: &str, id: &str) -> (String, BasicProperties, Vec<u8>) {
     (key.to_string(), props, body)
 }
 
-/// Polls `check` every 100 ms until it holds, for at most `secs`.
-async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out after {secs} s waiting until {what}");
-}
-
 /// The dedup keys stored in `topic` (each row once).
 async fn stored_keys(pool: &sqlx::PgPool, topic: &str) -> Vec<String> {
     sqlx::query_scalar("SELECT dedup_key FROM mailroom.events WHERE topic = $1")
@@ -211,7 +196,7 @@ fn inbound_names(base: &str) -> (Vec<String>, Vec<String>) {
 fn start_serve(config: &Path, db: &str) -> Serve {
     let (path, db) = (config.to_path_buf(), db.to_string());
     // Serve::start blocks on the child's log; keep it off the runtime.
-    std::thread::spawn(move || Serve::start(&path, &db))
+    std::thread::spawn(move || support::serve(&path, &db))
         .join()
         .expect("start serve")
 }
@@ -352,11 +337,15 @@ dead_letter = true
         [message("a.created", "m1"), message("b.x.y", "m2")],
     )
     .await;
-    eventually(10, "the messages are routed", || async {
-        ready(&conn, &queues[0]).await == 1
-            && ready(&conn, &queues[1]).await == 1
-            && ready(&conn, &queues[2]).await == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the messages are routed",
+        || async {
+            ready(&conn, &queues[0]).await == 1
+                && ready(&conn, &queues[1]).await == 1
+                && ready(&conn, &queues[2]).await == 1
+        },
+    )
     .await;
     // A rejected message is dead-lettered into <queue>.dlq.
     let got = ch
@@ -368,9 +357,11 @@ dead_letter = true
         .reject(BasicRejectOptions { requeue: false })
         .await
         .expect("reject");
-    eventually(10, "the rejected message reaches c.dlq", || async {
-        ready(&conn, &format!("{}.dlq", queues[2])).await == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the rejected message reaches c.dlq",
+        || async { ready(&conn, &format!("{}.dlq", queues[2])).await == 1 },
+    )
     .await;
 
     // Declaring again changes nothing: the same objects, arguments and
@@ -497,7 +488,7 @@ async fn serve_stores_each_distinct_message_once_and_dead_letters_the_unusable()
     publish(&ch, &format!("{b}.events"), messages).await;
 
     eventually(
-        120,
+        Duration::from_secs(120),
         "9,000 events are stored and the queue is empty",
         || async {
             stored_count(&pool, "inbox").await == 9_000
@@ -506,7 +497,7 @@ async fn serve_stores_each_distinct_message_once_and_dead_letters_the_unusable()
     )
     .await;
     eventually(
-        20,
+        Duration::from_secs(20),
         "the two unusable messages are dead-lettered",
         || async { ready(&conn, &format!("{b}.in.dlq")).await == 2 },
     )
@@ -525,7 +516,10 @@ async fn serve_stores_each_distinct_message_once_and_dead_letters_the_unusable()
     assert_eq!(received("outcome=\"accepted\"").await, 9_000.0);
     assert_eq!(received("outcome=\"duplicate\"").await, 1_000.0);
     assert_eq!(received("outcome=\"rejected\"").await, 2.0);
-    assert!(serve.terminate(), "serve stops cleanly on SIGTERM");
+    assert!(
+        serve.terminate().expect("SIGTERM"),
+        "serve stops cleanly on SIGTERM"
+    );
     // Nothing was left unacknowledged (it would be back in the queue now).
     assert_eq!(ready(&conn, &format!("{b}.in")).await, 0);
     let stored: BTreeSet<String> = stored_keys(&pool, "inbox").await.into_iter().collect();
@@ -569,9 +563,11 @@ async fn backlog_under_way(prefix: &str, tag: &str) -> Backlog {
     )
     .await;
     let first = start_serve(&config, &db);
-    eventually(60, "consuming is under way", || async {
-        stored_count(&pool, "inbox").await >= 3_000
-    })
+    eventually(
+        Duration::from_secs(60),
+        "consuming is under way",
+        || async { stored_count(&pool, "inbox").await >= 3_000 },
+    )
     .await;
     Backlog {
         b,
@@ -610,7 +606,7 @@ async fn serve_killed_while_consuming_stores_every_message_once_after_restart() 
 
     let mut second = start_serve(&config, &db);
     eventually(
-        120,
+        Duration::from_secs(120),
         "every message is stored and the queue is empty",
         || async {
             stored_count(&pool, "inbox").await == N as i64
@@ -624,7 +620,10 @@ async fn serve_killed_while_consuming_stores_every_message_once_after_restart() 
         &["source=\"in\"", "outcome=\"duplicate\""],
     )
     .await;
-    assert!(second.terminate(), "serve stops cleanly on SIGTERM");
+    assert!(
+        second.terminate().expect("SIGTERM"),
+        "serve stops cleanly on SIGTERM"
+    );
     assert_eq!(
         ready(&conn, &format!("{b}.in")).await,
         0,
@@ -724,9 +723,11 @@ handler = {{ amqp = {{ exchange = "{b}.events", routing_key = "{{type}}" }} }}
     assert_eq!(resp.status(), 201);
     let event: serde_json::Value = resp.json().await.expect("event");
     let queue = format!("{b}.orders");
-    eventually(10, "the event is published", || async {
-        ready(&conn, &queue).await == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the event is published",
+        || async { ready(&conn, &queue).await == 1 },
+    )
     .await;
     let ch = conn.create_channel().await.expect("channel");
     let got = ch
@@ -753,7 +754,7 @@ handler = {{ amqp = {{ exchange = "{b}.events", routing_key = "{{type}}" }} }}
     assert_eq!(body, payload);
 
     let id = event["id"].as_str().expect("id");
-    eventually(10, "the event is done", || async {
+    eventually(Duration::from_secs(10), "the event is done", || async {
         let e: serde_json::Value = http
             .get(format!("{}/v1/events/{id}", serve.base))
             .send()
@@ -857,7 +858,7 @@ handler = {{ amqp = {{ exchange = "{b}.events", routing_key = "{{type}}" }} }}
     let serve = start_serve(&config, &db);
     let conn = connect().await;
     let queue = format!("{b}.orders");
-    eventually(15, "all 20 are published", || async {
+    eventually(Duration::from_secs(15), "all 20 are published", || async {
         ready(&conn, &queue).await == 20
     })
     .await;
@@ -887,7 +888,10 @@ async fn sigterm_while_consuming_acks_what_is_stored_and_returns_the_rest() {
         ids: _,
         mut first,
     } = backlog_under_way("cli-sigterm", "t").await;
-    assert!(first.terminate(), "serve exits 0 on SIGTERM");
+    assert!(
+        first.terminate().expect("SIGTERM"),
+        "serve exits 0 on SIGTERM"
+    );
     let stored = stored_count(&pool, "inbox").await as usize;
     let queue = format!("{b}.in");
     let back = ready(&conn, &queue).await as usize;
@@ -902,11 +906,11 @@ async fn sigterm_while_consuming_acks_what_is_stored_and_returns_the_rest() {
     }
 
     let mut second = start_serve(&config, &db);
-    eventually(120, "the rest is stored", || async {
+    eventually(Duration::from_secs(120), "the rest is stored", || async {
         stored_count(&pool, "inbox").await == N as i64 && ready(&conn, &queue).await == 0
     })
     .await;
-    assert!(second.terminate());
+    assert!(second.terminate().expect("SIGTERM"));
     assert_eq!(stored_keys(&pool, "inbox").await.len(), N);
     eprintln!("SIGTERM with {stored} stored and {back} back in the queue");
     let (queues, exchanges) = inbound_names(&b);
@@ -936,7 +940,7 @@ async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
     let conn = connect().await;
     let mut serve = start_serve(&config, &db);
     let queue = format!("{b}.in");
-    eventually(20, "the source consumes", || async {
+    eventually(Duration::from_secs(20), "the source consumes", || async {
         consumers(&conn, &queue).await == 1
     })
     .await;
@@ -944,9 +948,11 @@ async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
     let before: Vec<String> = (0..50).map(|i| format!("{b}-before{i}")).collect();
     let events = format!("{b}.events");
     publish(&ch, &events, before.iter().map(|id| message("in.x", id))).await;
-    eventually(20, "the first messages are stored", || async {
-        stored_count(&pool, "inbox").await == 50
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the first messages are stored",
+        || async { stored_count(&pool, "inbox").await == 50 },
+    )
     .await;
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/events", serve.base))
@@ -956,7 +962,7 @@ async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
         .await
         .expect("POST /v1/events");
     assert_eq!(resp.status(), 201);
-    eventually(20, "the slow attempt runs", || async {
+    eventually(Duration::from_secs(20), "the slow attempt runs", || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM mailroom.events WHERE topic = 'slow' AND attempts = 1",
         )
@@ -967,9 +973,9 @@ async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
     })
     .await;
 
-    serve.signal_term();
+    serve.signal_term().expect("SIGTERM");
     let signalled = Instant::now();
-    eventually(3, "the consumer is gone", || async {
+    eventually(Duration::from_secs(3), "the consumer is gone", || async {
         consumers(&conn, &queue).await == 0
     })
     .await;
@@ -980,7 +986,13 @@ async fn sigterm_stops_consuming_at_once_while_attempts_drain() {
     );
     let after: Vec<String> = (0..30).map(|i| format!("{b}-after{i}")).collect();
     publish(&ch, &events, after.iter().map(|id| message("in.x", id))).await;
-    assert!(serve.wait_exit(), "serve exits 0 once the attempt is done");
+    assert!(
+        serve
+            .wait_exit(Duration::from_secs(30))
+            .expect("exit")
+            .success(),
+        "serve exits 0 once the attempt is done"
+    );
     assert_eq!(
         stored_count(&pool, "inbox").await,
         50,
@@ -1076,13 +1088,15 @@ async fn amqp_declare_and_serve_work_over_amqps() {
         ids.iter().map(|id| message("in.x", id)),
     )
     .await;
-    eventually(30, "the 50 messages are stored", || async {
-        stored_count(&pool, "inbox").await == 50
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the 50 messages are stored",
+        || async { stored_count(&pool, "inbox").await == 50 },
+    )
     .await;
     let keys: BTreeSet<String> = stored_keys(&pool, "inbox").await.into_iter().collect();
     assert_eq!(keys, ids.iter().cloned().collect(), "each message once");
-    eventually(10, "the queue is drained", || async {
+    eventually(Duration::from_secs(10), "the queue is drained", || async {
         ready(&conn, &format!("{b}.in")).await == 0
     })
     .await;
@@ -1136,7 +1150,7 @@ async fn serve_shows_a_broker_of_another_ca_down_with_the_reason() {
         metric(&serve.base, "mailroom_amqp_connected", &[]).await,
         0.0
     );
-    let problems = serve.problems.lock().expect("lock").join("\n");
+    let problems = serve.problems().join("\n");
     assert!(
         problems.contains("UnknownIssuer"),
         "the reason is logged: {problems}"
@@ -1164,7 +1178,7 @@ async fn verify_none_connects_and_warns_at_start() {
     let serve = start_serve(&config, &db);
     let (status, body) = readyz_until(&serve.base, true).await;
     assert_eq!(status, 200, "{body}");
-    let problems = serve.problems.lock().expect("lock").clone();
+    let problems = serve.problems().clone();
     let warned = problems
         .iter()
         .any(|l| l.contains("\"WARN\"") && l.contains("verify_none") && l.contains(&shown(&url)));

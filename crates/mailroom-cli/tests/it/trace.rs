@@ -2,12 +2,11 @@
 //! `traceparent` received with an event is stored, shown in the event
 //! object, and sent on with every handler call as a child of the same trace.
 
-mod support;
-
+use crate::support;
+use crate::support::write_config;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Serve, write_config};
 
 const SENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -71,7 +70,7 @@ async fn a_webhook_traceparent_reaches_the_http_handler_in_the_same_trace() {
         ),
     );
     let store = format!("sqlite://{}", dir.path().join("m.db").display());
-    let mut serve = Serve::start(&config, &store);
+    let mut serve = support::serve(&config, &store);
     let http = reqwest::Client::new();
     let post = |body: &'static str, traceparent: &'static str| {
         http.post(format!("{}/webhooks/payments", serve.base))
@@ -168,7 +167,7 @@ async fn a_webhook_traceparent_reaches_the_http_handler_in_the_same_trace() {
         .await
         .expect("json");
     assert_eq!(created["traceparent"], SENT, "{created}");
-    assert!(serve.terminate(), "serve stopped cleanly");
+    assert!(serve.terminate().expect("SIGTERM"), "serve stopped cleanly");
 }
 
 /// Spans an OTLP/HTTP collector received: (trace id, span id, parent span
@@ -233,7 +232,7 @@ async fn spans_reach_an_otlp_collector_in_the_events_trace() {
         ),
     );
     let store = format!("sqlite://{}", dir.path().join("m.db").display());
-    let mut serve = Serve::start(&config, &store);
+    let mut serve = support::serve(&config, &store);
     let http = reqwest::Client::new();
     let mut ids = vec![];
     for (body, traceparent) in [(r#"{"id": "t1"}"#, Some(SENT)), (r#"{"id": "t2"}"#, None)] {
@@ -270,7 +269,7 @@ async fn spans_reach_an_otlp_collector_in_the_events_trace() {
         .await
         .expect("json");
     // The last batch of spans is exported when serve stops.
-    assert!(serve.terminate(), "serve stopped cleanly");
+    assert!(serve.terminate().expect("SIGTERM"), "serve stopped cleanly");
     let spans = spans.lock().expect("spans").clone();
     let calls = calls.lock().expect("calls").clone();
     let named = |name: &str, trace: &str| -> Vec<(String, String)> {

@@ -1,15 +1,16 @@
 //! Several `mailroom serve` processes on one PostgreSQL database, one of
 //! them `kill -9`ed twice under load: the guarantees hold
 //! across instances — exactly one stored event per dedup key, at-least-once
-//! delivery, one delivery of an event at a time, per-key order.
+//! delivery, one delivery of an event at a time, per-key order — as the
+//! fault matrix's checker (`mailroom_testkit::harness::check`) judges them.
 
-mod support;
-
-use std::collections::{BTreeMap, HashMap, HashSet};
+use crate::support::{self, Serve, rand_below, write_config};
+use mailroom_testkit::harness::check::{self, Expect};
+use mailroom_testkit::harness::{Ack, Outcome, Recorder, store};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use support::{Delivery, Receiver, Serve, rand_below, write_config};
 
 /// Requests sent, duplicates included.
 const REQUESTS: usize = 30_000;
@@ -63,8 +64,21 @@ struct Acks {
     dup_answers: usize,
 }
 
+/// One event a client sent.
+#[derive(Debug, Clone)]
+struct Sent {
+    /// Its dedup key.
+    id: String,
+    body: String,
+    /// Its ordering key and its counter there.
+    key: String,
+    n: u64,
+}
+
 /// One client: sends its share of the requests round-robin over the
-/// instances, each event retried (same id, same body) until answered 200.
+/// instances, each event retried (same id, same body) until answered 200;
+/// every answer is recorded for the checker.
+#[allow(clippy::too_many_arguments)]
 async fn client(
     requests: usize,
     c: usize,
@@ -73,25 +87,29 @@ async fn client(
     acks: Arc<Mutex<Acks>>,
     acked: Arc<AtomicUsize>,
     retries: Arc<AtomicU64>,
+    rec: Recorder,
 ) {
     let mut counters = [0u64; KEYS_PER_CLIENT];
-    let mut sent: Vec<(String, String)> = Vec::new(); // (dedup key, body)
+    let mut sent: Vec<Sent> = Vec::new();
     let mut rr = c;
     for (i, _) in (c..requests).step_by(CLIENTS).enumerate() {
         let repeat = i % DUP_EVERY == DUP_EVERY - 1 && !sent.is_empty();
-        let (id, body) = if repeat {
+        let event = if repeat {
             sent[rand_below(sent.len() as u64) as usize].clone()
         } else {
             let j = i % KEYS_PER_CLIENT;
             let id = format!("c{c}-{i}");
+            let key = format!("k{c}-{j}");
+            let n = counters[j];
             let body = format!(
-                r#"{{"id":"{id}","k":"k{c}-{j}","n":{},"pad":"{}"}}"#,
-                counters[j],
+                r#"{{"id":"{id}","k":"{key}","n":{n},"pad":"{}"}}"#,
                 "x".repeat(64)
             );
             counters[j] += 1;
-            (id, body)
+            Sent { id, body, key, n }
         };
+        let (id, body) = (event.id.clone(), event.body.clone());
+        let sent_at = rec.now();
         let give_up = Instant::now() + Duration::from_secs(60);
         let answer = loop {
             assert!(Instant::now() < give_up, "event {id} not accepted in 60 s");
@@ -125,6 +143,16 @@ async fn client(
         };
         let event_id = answer["id"].as_str().expect("id").to_owned();
         let duplicate = answer["duplicate"].as_bool().expect("duplicate");
+        let at = rec.now();
+        rec.lock().acks.push(Ack {
+            dedup_key: id.clone(),
+            event_id: event_id.clone(),
+            duplicate,
+            key: Some(event.key.clone()),
+            seq: event.n,
+            sent_at,
+            at,
+        });
         let mut a = acks.lock().expect("lock");
         if let Some(prev) = a.ids.insert(id.clone(), event_id.clone()) {
             assert_eq!(prev, event_id, "{id} was answered with two event ids");
@@ -142,7 +170,7 @@ async fn client(
                     "{id} answered duplicate=false twice"
                 );
             }
-            sent.push((id, body));
+            sent.push(event);
             acked.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -154,68 +182,6 @@ fn unique_events(requests: usize) -> usize {
         .map(|c| (c..requests).step_by(CLIENTS).len())
         .map(|n| n - n / DUP_EVERY)
         .sum()
-}
-
-/// For one event: its deliveries never overlap in time.
-fn check_no_overlap(deliveries: &[Delivery]) {
-    let mut by_event: HashMap<&str, Vec<&Delivery>> = HashMap::new();
-    for d in deliveries {
-        by_event.entry(&d.event_id).or_default().push(d);
-    }
-    for (id, mut ds) in by_event {
-        ds.sort_by_key(|d| d.start);
-        for w in ds.windows(2) {
-            assert!(
-                w[1].start >= w[0].end,
-                "two deliveries of event {id} overlap: {:?} and {:?}",
-                w[0],
-                w[1]
-            );
-        }
-    }
-}
-
-/// For one key, in delivery start order: counters never go back, and event
-/// n starts only after every earlier event of the key has completed a
-/// delivery. A repeated delivery of the same event is allowed.
-fn check_key_order(key: &str, mut ds: Vec<&Delivery>) {
-    ds.sort_by_key(|d| d.start);
-    // First successful completion of each counter.
-    let mut first_done: BTreeMap<u64, Duration> = BTreeMap::new();
-    for d in ds.iter().filter(|d| d.completed) {
-        let n = d.n.expect("counter");
-        let e = first_done.entry(n).or_insert(d.end);
-        *e = (*e).min(d.end);
-    }
-    let max_n = first_done.keys().next_back().copied().unwrap_or(0);
-    for n in 0..=max_n {
-        assert!(
-            first_done.contains_key(&n),
-            "key {key}: event #{n} never completed a delivery but #{max_n} did"
-        );
-    }
-    let mut highest = 0u64;
-    let mut earlier_done = Duration::ZERO; // latest first completion of counters < current
-    let mut prefix: BTreeMap<u64, Duration> = BTreeMap::new();
-    for (n, end) in &first_done {
-        prefix.insert(*n, earlier_done);
-        earlier_done = earlier_done.max(*end);
-    }
-    for d in &ds {
-        let n = d.n.expect("counter");
-        assert!(
-            n >= highest,
-            "key {key}: event #{n} delivered after #{highest} had started: {d:?}"
-        );
-        highest = n;
-        let must_wait = prefix.get(&n).copied().unwrap_or(Duration::ZERO);
-        assert!(
-            d.start >= must_wait,
-            "key {key}: event #{n} started at {:?}, before event #{} finished at {must_wait:?}",
-            d.start,
-            n.saturating_sub(1)
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,7 +205,8 @@ async fn three_instances_through_pgbouncer_survive_kill_9() {
 async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
     let t0 = Instant::now();
     let db_url = db_url.to_owned();
-    let receiver = Receiver::start(2_000).await;
+    // Calls take up to 2 ms, so that overlapping runs would show.
+    let (receiver, rec) = crate::support::receiver(Duration::from_millis(2)).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config_path = write_config(dir.path(), &config(&receiver.url, direct_url));
 
@@ -249,7 +216,7 @@ async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
         tokio::task::spawn_blocking(move || {
             std::thread::scope(|s| {
                 let hs: Vec<_> = (0..INSTANCES)
-                    .map(|_| s.spawn(|| Serve::start(&path, &url)))
+                    .map(|_| s.spawn(|| support::serve(&path, &url)))
                     .collect();
                 hs.into_iter().map(|h| h.join().expect("start")).collect()
             })
@@ -261,7 +228,7 @@ async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
         instances.iter().map(|s| s.base.clone()).collect::<Vec<_>>(),
     ));
     let instances = Arc::new(Mutex::new(instances));
-    let mut killed_problems: Vec<(String, usize)> = Vec::new();
+    let mut killed_problems: Vec<String> = Vec::new();
 
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
@@ -282,6 +249,7 @@ async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
                 acks.clone(),
                 acked.clone(),
                 retries.clone(),
+                rec.clone(),
             ))
         })
         .collect();
@@ -295,15 +263,19 @@ async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
         while acked.load(Ordering::Relaxed) < at {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // A kill lasts until the process is reaped: until then it may call
+        // handlers whose success it never commits.
         let (old, problems) = {
             let mut inst = instances.lock().expect("lock");
+            let from = rec.now();
             inst[VICTIM].kill9();
+            rec.disrupted_between(from, rec.now());
             (inst[VICTIM].base.clone(), inst[VICTIM].problem_summary())
         };
         kills += 1;
         killed_problems.extend(problems);
         let (path, url) = (config_path.clone(), db_url.clone());
-        let fresh = tokio::task::spawn_blocking(move || Serve::start(&path, &url))
+        let fresh = tokio::task::spawn_blocking(move || support::serve(&path, &url))
             .await
             .expect("restart");
         eprintln!(
@@ -342,69 +314,53 @@ async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
         }
     }
 
-    // 1. Exactly one stored event per acknowledged dedup key, with the id
-    //    every answer named; and nothing stored that was never acknowledged.
-    let rows: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT dedup_key, id::text, source FROM mailroom.events WHERE topic = 'orders'",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("rows");
+    // Exactly one stored event per acknowledged dedup key, with the id
+    // every answer named, each done by a successful call; never two runs of
+    // an event at once, none again after a success but where a kill may
+    // have lost it; per-key order: the checker of the fault matrix.
+    let rows = store::rows(direct_url.unwrap_or(&db_url))
+        .await
+        .expect("rows");
+    let record = rec.snapshot();
+    let expect = Expect {
+        sequential: ["orders".to_owned()].into(),
+        ..Expect::default()
+    };
+    let verdict = check::check(&record, &rows, &expect);
+    assert!(
+        verdict.lost == 0 && verdict.duplicates == 0 && verdict.order == 0,
+        "{verdict:#?}"
+    );
+    // And nothing stored that was never acknowledged, nor delivered.
     let acks = std::mem::take(&mut *acks.lock().expect("lock"));
-    let mut stored: HashMap<&str, Vec<&str>> = HashMap::new();
-    for (dedup, id, source) in &rows {
-        assert_eq!(source, "load");
-        stored.entry(dedup).or_default().push(id);
-    }
     assert_eq!(
         acks.ids.len(),
         unique,
         "every unique event was acknowledged"
     );
-    for (dedup, id) in &acks.ids {
-        match stored.get(dedup.as_str()).map(Vec::as_slice) {
-            Some([one]) => assert_eq!(one, id, "{dedup}: stored id differs from the answer"),
-            Some(many) => panic!("{dedup} stored {} times", many.len()),
-            None => panic!("acknowledged {dedup} ({id}) was lost"),
-        }
-    }
     assert_eq!(rows.len(), unique, "stored events that nobody acknowledged");
-
-    // 2. Every stored event was delivered (and completed) at least once.
-    let deliveries = receiver.deliveries();
-    let completed: HashSet<&str> = deliveries
+    let ids: HashSet<&str> = acks.ids.values().map(String::as_str).collect();
+    let stray: Vec<_> = record
+        .calls
         .iter()
-        .filter(|d| d.completed)
-        .map(|d| d.event_id.as_str())
+        .filter(|c| !ids.contains(c.event_id.as_str()))
         .collect();
-    for (dedup, id) in &acks.ids {
-        assert!(
-            completed.contains(id.as_str()),
-            "{dedup} ({id}) never delivered"
-        );
-    }
-    for d in &deliveries {
-        assert_eq!(
-            acks.ids.get(&d.dedup_key),
-            Some(&d.event_id),
-            "stray delivery {d:?}"
-        );
-    }
+    assert!(stray.is_empty(), "deliveries of unknown events: {stray:?}");
+    let keys: HashSet<&str> = rows.iter().filter_map(|r| r.key.as_deref()).collect();
+    assert_eq!(keys.len(), CLIENTS * KEYS_PER_CLIENT);
 
-    // 3. No two deliveries of one event at the same time.
-    check_no_overlap(&deliveries);
-
-    // 4. Per-key order.
-    let mut by_key: HashMap<&str, Vec<&Delivery>> = HashMap::new();
-    for d in &deliveries {
-        by_key.entry(&d.key).or_default().push(d);
-    }
-    assert_eq!(by_key.len(), CLIENTS * KEYS_PER_CLIENT);
-    for (key, ds) in by_key {
-        check_key_order(key, ds);
-    }
-
-    let cut_short = deliveries.iter().filter(|d| !d.completed).count();
+    let completed: HashSet<&str> = record
+        .calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Succeeded)
+        .map(|c| c.event_id.as_str())
+        .collect();
+    let cut_short = record.calls.len()
+        - record
+            .calls
+            .iter()
+            .filter(|c| c.outcome == Outcome::Succeeded)
+            .count();
     let mut problems = killed_problems;
     for s in instances.lock().expect("lock").iter() {
         problems.extend(s.problem_summary());
@@ -413,16 +369,17 @@ async fn cluster(requests: usize, db_url: &str, direct_url: Option<&str>) {
         "cluster: {requests} requests to {INSTANCES} instances from {CLIENTS} clients: \
          {unique} events + {} duplicates (all answered duplicate=true), {kills} kill -9s; \
          client retries {}; ingest {:.1}s ({:.0} req/s), drain after load {:.1}s, total {:.1}s; \
-         deliveries {} of which redeliveries {} (cut short by a kill: {cut_short}); \
-         keys {}",
+         deliveries {} of which redeliveries {} (cut short by a kill: {cut_short}, \
+         run again after a kill: {}); keys {}",
         acks.dup_answers,
         retries.load(Ordering::Relaxed),
         load_time.as_secs_f64(),
         requests as f64 / load_time.as_secs_f64(),
         drain_time.as_secs_f64(),
         t0.elapsed().as_secs_f64(),
-        deliveries.len(),
-        deliveries.len() - completed.len(),
+        record.calls.len(),
+        record.calls.len() - completed.len(),
+        verdict.excused,
         CLIENTS * KEYS_PER_CLIENT,
     );
     eprintln!("instance WARN/ERROR log lines: {problems:?}");
