@@ -22,9 +22,9 @@
 #    [ARGS]`: the test binaries and the binaries the later steps run), runs
 #    `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
-#    then the quick fault matrix on both stores (`mailroom-bench faults
+#    then the quick fault matrix on both stores (`mailroom-faults
 #    --quick`, debug build, about 4-5 minutes on 2 loaded cores, under a
-#    `timeout`; crates/mailroom-bench/README.md); never with a -p/--package
+#    `timeout`; crates/mailroom-faults/README.md); never with a -p/--package
 #    scope, nor with --no-faults; and the docs book (scripts/docs.sh build,
 #    which installs mdBook when missing), never with a -p/--package scope;
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
@@ -202,7 +202,7 @@ fi
 # poisoned handlers, duplicate storms, SIGTERM, a three-instance cluster) and
 # fails if anything acknowledged is lost or processed twice at once.
 if $run_faults && ((${#scope[@]})); then
-  section "fault matrix: mailroom-bench faults --quick --store both"
+  section "fault matrix: mailroom-faults --quick --store both"
   t="$(mr_now)"
   # The binaries of the build above.
   faults_rc=$build_rc
@@ -215,10 +215,10 @@ if $run_faults && ((${#scope[@]})); then
   if ((faults_rc == 0)); then
     # Every wait inside the matrix is bounded and a scenario past its
     # deadline is a failed row; this is the last guard. On SIGTERM the
-    # bench stops its scenario (children, private servers) and prints the
+    # matrix stops its scenario (children, private servers) and prints the
     # rows so far; KILL a minute later if even that hangs.
     MAILROOM_BIN="$bin_dir/mailroom" timeout --kill-after=60 "$faults_timeout" \
-      "$bin_dir/mailroom-bench" faults \
+      "$bin_dir/mailroom-faults" \
       --quick --store both --postgres-url "$MAILROOM_TEST_POSTGRES_URL" || faults_rc=$?
     ((faults_rc != 124)) || mr_log "fault matrix: timed out after ${faults_timeout}s"
   fi

@@ -22,10 +22,14 @@ pub enum Backend {
     Sqlite,
     /// A fresh database on the PostgreSQL server of this URL (whose own
     /// database is only used to create and drop it).
-    Postgres { admin_url: String },
+    Postgres {
+        /// The server's URL (a role with CREATEDB).
+        admin_url: String,
+    },
 }
 
 impl Backend {
+    /// Reads `--store`: `sqlite` or a PostgreSQL URL.
     pub fn parse(s: &str) -> Result<Self, String> {
         if s == "sqlite" {
             Ok(Self::Sqlite)
@@ -42,6 +46,7 @@ impl Backend {
         }
     }
 
+    /// `sqlite` or `postgres`, for reports.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Sqlite => "sqlite",
@@ -87,6 +92,7 @@ impl Backend {
 /// One run's store: its URL, and what to clean up afterwards.
 #[derive(Debug)]
 pub struct Fresh {
+    /// The store's URL (`sqlite://...` or `postgres://...`).
     pub url: String,
     kind: FreshKind,
 }
@@ -104,6 +110,7 @@ enum FreshKind {
 }
 
 impl Fresh {
+    /// Whether it is a PostgreSQL database.
     pub fn is_postgres(&self) -> bool {
         matches!(self.kind, FreshKind::Postgres { .. })
     }
@@ -155,13 +162,17 @@ impl Fresh {
     }
 }
 
+/// Counters of one PostgreSQL database (`pg_stat_database`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ServerStats {
+    /// Transactions committed.
     pub xact_commit: u64,
+    /// Rows updated.
     pub tup_updated: u64,
 }
 
 impl ServerStats {
+    /// The counts since `before`.
     pub fn since(self, before: Self) -> Self {
         Self {
             xact_commit: self.xact_commit.saturating_sub(before.xact_commit),
@@ -173,11 +184,14 @@ impl ServerStats {
 /// An opened store, with the backend's own commit counter.
 #[derive(Debug, Clone)]
 pub enum Opened {
+    /// A SQLite store.
     Sqlite(SqliteStore),
+    /// A PostgreSQL store.
     Postgres(PostgresStore),
 }
 
 impl Opened {
+    /// The opened store.
     pub fn store(&self) -> Arc<dyn Store> {
         match self {
             Self::Sqlite(s) => Arc::new(s.clone()),
@@ -306,6 +320,7 @@ pub fn postgres_cpu() -> BTreeMap<String, Duration> {
 /// One PostgreSQL server process of [`postgres_processes`].
 #[derive(Debug, Clone)]
 pub struct PgProcess {
+    /// The process id.
     pub pid: u32,
     /// What it is (see [`postgres_cpu`]); `None` for another database's
     /// backend, or a child process that has not set its title yet.

@@ -26,19 +26,16 @@
 //! ingest` (or `drain`, or `pg --store postgres://...`).
 
 mod amqp;
-mod backend;
 mod counting;
 mod dashboard;
 mod delayed;
 mod drain;
-mod faults;
 mod floor;
 mod httpfloor;
 mod ingest;
 mod pg;
 mod pgwork;
 mod pickup;
-mod procfs;
 mod serve;
 mod stats;
 
@@ -46,6 +43,7 @@ use anyhow::Context;
 use backend::Backend;
 use clap::{Args, Parser, Subcommand};
 use drain::DrainMode;
+use mailroom_bench::{backend, procfs};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -92,9 +90,6 @@ enum Command {
     HttpFloor(HttpFloorArgs),
     /// Ack → handler start under a steady load, per store and rate.
     Pickup(PickupArgs),
-    /// The fault matrix: attack a real `mailroom serve` under recorded load
-    /// and print what survived (lost, duplicated, out of order) per scenario.
-    Faults(FaultsArgs),
     /// (internal) mailroom as `mailroom serve` runs it, for `ingest`.
     #[command(name = "__serve", hide = true)]
     Serve(ServeArgs),
@@ -480,23 +475,6 @@ struct PickupArgs {
 }
 
 #[derive(Debug, Args)]
-struct FaultsArgs {
-    /// Small runs, for CI (the whole matrix in a few minutes).
-    #[arg(long)]
-    quick: bool,
-    /// `sqlite`, `postgres` or `both`. PostgreSQL runs on fresh databases
-    /// of `--postgres-url`.
-    #[arg(long, default_value = "sqlite")]
-    store: String,
-    /// The PostgreSQL server (a role with CREATEDB).
-    #[arg(long, env = "MAILROOM_TEST_POSTGRES_URL")]
-    postgres_url: Option<String>,
-    /// Run only these scenarios (comma-separated names).
-    #[arg(long, value_delimiter = ',')]
-    only: Vec<String>,
-}
-
-#[derive(Debug, Args)]
 struct ServeArgs {
     /// `sqlite://FILE` or `postgres://...`.
     #[arg(long)]
@@ -523,18 +501,10 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The fault matrix's attacks make lapin (a broker stopped) and the
-    // in-process engine of `panic` (handlers panicking) log errors by
-    // design, dozens a run; its rows say what matters. RUST_LOG overrides.
-    let quiet = if matches!(cli.command, Command::Faults(_)) {
-        "warn,lapin=off,mailroom=off,sqlx=error"
-    } else {
-        "warn"
-    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -574,7 +544,6 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::HeadsFloor(a) => run_heads_floor(a).await,
         Command::HttpFloor(a) => run_http_floor(a).await,
         Command::Pickup(a) => run_pickup(a).await,
-        Command::Faults(a) => run_faults(a).await,
     }
 }
 
@@ -619,32 +588,6 @@ async fn run_pickup(a: PickupArgs) -> anyhow::Result<ExitCode> {
         pickup::print(&s, &runs);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-async fn run_faults(a: FaultsArgs) -> anyhow::Result<ExitCode> {
-    let postgres = || -> anyhow::Result<Backend> {
-        let url = a
-            .postgres_url
-            .clone()
-            .context("PostgreSQL needs --postgres-url or MAILROOM_TEST_POSTGRES_URL")?;
-        Backend::parse(&url).map_err(anyhow::Error::msg)
-    };
-    let stores = match a.store.as_str() {
-        "sqlite" => vec![Backend::Sqlite],
-        "postgres" => vec![postgres()?],
-        "both" => vec![Backend::Sqlite, postgres()?],
-        other => anyhow::bail!("--store: expected sqlite, postgres or both, got {other:?}"),
-    };
-    let known: Vec<&str> = faults::ALL.iter().map(|s| s.name).collect();
-    if let Some(bad) = a.only.iter().find(|o| !known.contains(&o.as_str())) {
-        anyhow::bail!("--only: no scenario {bad:?}; known: {}", known.join(", "));
-    }
-    faults::run(&faults::Settings {
-        quick: a.quick,
-        stores,
-        only: a.only,
-    })
-    .await
 }
 
 /// Prints one JSON object on one line (the `--json` output of every bench).

@@ -1,27 +1,13 @@
-//! `faults`: attacks a real `mailroom serve` (the release binary, as a child
-//! process) under recorded load, then checks the record against the store
-//! and prints one row per scenario. See the README for the matrix.
-//!
-//! The process, the handler endpoint, the record, the store's reads and
-//! the checker are `mailroom-testkit`'s harness, shared with the
-//! multi-process tests of `mailroom-cli`:
-//!
-//! - `child.rs`: which `mailroom` binary runs;
-//! - `load.rs`: senders that record every ack;
-//! - `scenarios/`: one file per attack.
-
-mod child;
-mod load;
-mod scenarios;
-
-use mailroom_testkit::harness::{check, record, store};
+//! The run: every scenario on every store asked for, each under a
+//! deadline, one printed row each.
 
 use crate::backend::Backend;
+use crate::scenarios::Scenario;
+use crate::{check, record};
 use std::process::ExitCode;
 use std::time::Duration;
 
-pub use scenarios::ALL;
-use scenarios::Scenario;
+pub use crate::scenarios::ALL;
 
 /// What the command was asked.
 #[derive(Debug, Clone)]

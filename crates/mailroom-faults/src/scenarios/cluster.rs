@@ -4,10 +4,10 @@
 //! (but after a kill), per-key order holds across instances.
 
 use super::{World, recovery, seq_expect, stop_and_drain, two_loads, two_topics};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::child::Serve;
-use crate::faults::load::targets;
+use crate::child::Serve;
+use crate::load::targets;
 use std::time::Duration;
 
 const INSTANCES: usize = 3;

@@ -6,13 +6,13 @@
 //! and processed.
 
 use super::{World, recovery};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::check::Expect;
-use crate::faults::child::Serve;
-use crate::faults::load::{Load, Running, targets};
-use crate::faults::record::Record;
-use crate::faults::store;
+use crate::check::Expect;
+use crate::child::Serve;
+use crate::load::{Load, Running, targets};
+use crate::record::Record;
+use crate::store;
 use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::{Path, PathBuf};

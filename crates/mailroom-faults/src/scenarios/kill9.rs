@@ -3,9 +3,9 @@
 //! only when a kill may have eaten its completion, per-key order holds.
 
 use super::{World, recovery, seq_expect, stop_and_drain, two_loads, two_topics};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::load::targets;
+use crate::load::targets;
 use std::time::Duration;
 
 pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {

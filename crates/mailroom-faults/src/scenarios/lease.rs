@@ -6,12 +6,12 @@
 //! overlapping successful runs of one event (a duplicate).
 
 use super::{World, join_all};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::check::Expect;
-use crate::faults::load::{Load, http, json_call, targets};
-use crate::faults::record::{Call, Outcome, Recorder};
-use crate::faults::store;
+use crate::check::Expect;
+use crate::load::{Load, http, json_call, targets};
+use crate::record::{Call, Outcome, Recorder};
+use crate::store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

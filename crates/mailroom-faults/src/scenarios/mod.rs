@@ -17,11 +17,11 @@ mod storm;
 use super::check::{self, Expect, Verdict};
 use super::child::{Serve, write_config};
 use super::load::{Load, Running};
-use mailroom_testkit::harness::Receiver;
 use super::record::{Record, Recorder};
 use super::{Report, store};
 use crate::backend::{Backend, Fresh};
 use futures::future::BoxFuture;
+use mailroom_testkit::harness::Receiver;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -7,11 +7,11 @@
 
 use super::poison::{BLOCKED_KEY, MAX_ATTEMPTS, dead_rows};
 use super::{Task, join_all};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::check::{self, Expect, Row};
-use crate::faults::record::{Ack, Call, Outcome as Seen, Recorder};
-use crate::faults::store;
+use crate::check::{self, Expect, Row};
+use crate::record::{Ack, Call, Outcome as Seen, Recorder};
+use crate::store;
 use mailroom::handler::handler_fn;
 use mailroom::{Backoff, Draft, Engine, Event, Field, Mode, OnDead, RetryPolicy, TopicSpec};
 use std::collections::BTreeMap;

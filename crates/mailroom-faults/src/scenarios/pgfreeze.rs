@@ -12,10 +12,10 @@
 //! within [`HEALED_WITHIN`]; everything drains.
 
 use super::{World, seq_expect, stop_and_drain, two_loads, two_topics};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::load::targets;
-use crate::faults::record::Record;
+use crate::load::targets;
+use crate::record::Record;
 use mailroom_testkit::{Freeze, FreezeProxy};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,14 +51,11 @@ pub fn freeze_for(quick: bool) -> Duration {
 pub type Probes = Arc<Mutex<Vec<(Duration, Duration, u16)>>>;
 
 /// Polls `base/readyz` until the task is dropped.
-pub fn probe_ready(
-    base: String,
-    rec: crate::faults::record::Recorder,
-) -> (Probes, super::Task<()>) {
+pub fn probe_ready(base: String, rec: crate::record::Recorder) -> (Probes, super::Task<()>) {
     let probes: Probes = Arc::default();
     let out = probes.clone();
     let task = super::Task::spawn(async move {
-        let http = crate::faults::load::http();
+        let http = crate::load::http();
         loop {
             let sent = rec.now();
             let status = match http.get(format!("{base}/readyz")).send().await {

@@ -9,10 +9,10 @@
 //! of `--postgres-url`, which others share.
 
 use super::{World, seq_expect, stop_and_drain, two_loads, two_topics};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::load::targets;
-use crate::faults::record::Record;
+use crate::load::targets;
+use crate::record::Record;
 use anyhow::Context;
 use mailroom_testkit::PrivatePostgres;
 use std::sync::Arc;

@@ -6,11 +6,11 @@
 //! blocks its own key and no other. (Closure panics: `panic.rs`.)
 
 use super::World;
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::check::{Expect, Row};
-use crate::faults::load::{Load, http, json_call, targets};
-use crate::faults::store;
+use crate::check::{Expect, Row};
+use crate::load::{Load, http, json_call, targets};
+use crate::store;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -137,6 +137,7 @@ fn poisoned(per_client: u64) -> (BTreeMap<String, &'static str>, Expect) {
         sequential: ["pseq".to_string()].into(),
         dead: classes.keys().cloned().collect(),
         dead_attempts: MAX_ATTEMPTS,
+        ..Expect::default()
     };
     (classes, expect)
 }

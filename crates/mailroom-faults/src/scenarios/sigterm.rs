@@ -5,12 +5,12 @@
 //! processed with no completed event run again (no disruption is excused).
 
 use super::{World, recovery, seq_expect, stop_and_drain, two_loads, two_topics};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::child::Serve;
-use crate::faults::load::{Load, targets};
-use crate::faults::record::Outcome;
-use crate::faults::store;
+use crate::child::Serve;
+use crate::load::{Load, targets};
+use crate::record::Outcome;
+use crate::store;
 use std::time::Duration;
 
 /// Each handler call takes this long, so many are in flight at the signal.

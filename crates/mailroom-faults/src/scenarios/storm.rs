@@ -3,13 +3,13 @@
 //! `"duplicate": false` per id, each event processed once.
 
 use super::{World, join_all, two_topics};
+use crate::Report;
 use crate::backend::Backend;
-use crate::faults::Report;
-use crate::faults::check::{Expect, Row};
-use crate::faults::child::Serve;
-use crate::faults::load::{Target, Targets, http, targets};
-use crate::faults::record::Record;
-use crate::faults::store;
+use crate::check::{Expect, Row};
+use crate::child::Serve;
+use crate::load::{Target, Targets, http, targets};
+use crate::record::Record;
+use crate::store;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

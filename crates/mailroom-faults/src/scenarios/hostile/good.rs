@@ -9,7 +9,7 @@
 //! client was before, is reported beside it to show that difference.
 
 use super::attacks::{SECRET, github_signature};
-use crate::faults::record::{Ack, Recorder};
+use crate::record::{Ack, Recorder};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,7 +107,7 @@ async fn run_clients(
     stop: Arc<AtomicBool>,
     calls: Arc<Mutex<Calls>>,
 ) {
-    let http = crate::faults::load::http();
+    let http = crate::load::http();
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
         let (stop, calls, rec, http, url) = (

@@ -5,7 +5,7 @@
 //! [`GUESSES`] times. The guesses must turn into 429s after the allowed
 //! failures, and the operator's session must survive.
 
-use crate::faults::Report;
+use crate::Report;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,7 +65,7 @@ pub async fn run(dir: &Path, r: &mut Report) -> anyhow::Result<()> {
     let config = dir.join("login.toml");
     std::fs::write(&config, format!("api_token = \"{TOKEN}\"\n"))?;
     let store = format!("sqlite://{}", dir.join("login.db").display());
-    let mut serve = crate::faults::child::serve(&config, &store).await?;
+    let mut serve = crate::child::serve(&config, &store).await?;
     let base = serve.base.clone();
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

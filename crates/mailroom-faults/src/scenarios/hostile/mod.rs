@@ -31,9 +31,9 @@ mod login;
 
 use super::World;
 use crate::backend::Backend;
-use crate::faults::check::Expect;
-use crate::faults::{Report, store};
+use crate::check::Expect;
 use crate::procfs;
+use crate::{Report, store};
 use attacks::{Flood, Probe, SECRET, Tally, github_signature, probe_loop, raw_loop, slowloris};
 use good::{Calls, Usage, WellBehaved};
 use std::collections::BTreeMap;
@@ -207,14 +207,14 @@ async fn attack(addr: SocketAddr, base: &str, s: &Scale, tally: &Tally) -> anyho
         });
     }
     for f in floods(base, s)? {
-        let http = crate::faults::load::http();
+        let http = crate::load::http();
         tasks.spawn(f.run(http, tally.clone(), until));
     }
     for requests in raw_requests() {
         let pause = Duration::from_millis(50);
         tasks.spawn(raw_loop(addr, requests, tally.clone(), pause, until));
     }
-    let http = crate::faults::load::http();
+    let http = crate::load::http();
     let pause = Duration::from_millis(20);
     tasks.spawn(probe_loop(http, probes(base), tally.clone(), pause, until));
     while tasks.join_next().await.is_some() {}
@@ -362,7 +362,7 @@ fn raw_requests() -> Vec<Vec<(&'static str, Vec<u8>)>> {
 /// sent directly and through a same-host reverse proxy (its headers); the
 /// answers by status (`error` when none came).
 async fn post_undeclared(base: &str) -> BTreeMap<String, u64> {
-    let http = crate::faults::load::http();
+    let http = crate::load::http();
     let mut answers = BTreeMap::new();
     for i in 0..50 {
         let mut req = http
@@ -387,11 +387,7 @@ async fn post_undeclared(base: &str) -> BTreeMap<String, u64> {
 
 /// Every post to an undeclared source was answered 404, and nothing reached
 /// the topic it named.
-fn judge_undeclared(
-    answers: &BTreeMap<String, u64>,
-    rows: &[crate::faults::check::Row],
-    r: &mut Report,
-) {
+fn judge_undeclared(answers: &BTreeMap<String, u64>, rows: &[crate::check::Row], r: &mut Report) {
     let total: u64 = answers.values().sum();
     let refused = answers.get("404").copied().unwrap_or(0);
     let stored = rows
@@ -582,7 +578,7 @@ fn judge_memory(before: u64, peak: u64, r: &mut Report) {
 }
 
 /// The server's rejection log lines by class: (lines, requests they count).
-fn rejection_lines(serve: &crate::faults::child::Serve) -> BTreeMap<String, (u64, u64)> {
+fn rejection_lines(serve: &crate::child::Serve) -> BTreeMap<String, (u64, u64)> {
     let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for line in serve.problems() {
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();

@@ -23,10 +23,10 @@ mod broker;
 use super::pgfreeze::{HEALED_WITHIN, Probes, log_lines, probe_ready, ready_after, show};
 use super::{Task, World, recovery};
 use crate::backend::Backend;
-use crate::faults::check::{self, Expect, Row};
-use crate::faults::record::Record;
-use crate::faults::record::{Ack, Recorder};
-use crate::faults::{Report, store};
+use crate::check::{self, Expect, Row};
+use crate::record::Record;
+use crate::record::{Ack, Recorder};
+use crate::{Report, store};
 use broker::{Node, Received};
 use mailroom_testkit::{Freeze, FreezeProxy};
 use std::collections::HashSet;
@@ -353,12 +353,8 @@ impl Loads {
 /// Posts relay events (`Idempotency-Key: r-<i>`) one after the other, each
 /// retried until answered 201; the answers are the record's acks. Returns
 /// the requests sent.
-async fn relay_load(
-    base: String,
-    rec: crate::faults::record::Recorder,
-    stop: Arc<AtomicBool>,
-) -> u64 {
-    let http = crate::faults::load::http();
+async fn relay_load(base: String, rec: crate::record::Recorder, stop: Arc<AtomicBool>) -> u64 {
+    let http = crate::load::http();
     let url = format!("{base}/v1/events");
     let mut sent = 0;
     for i in 0u64.. {
@@ -409,8 +405,7 @@ async fn first_new_row(
     topic: &str,
     limit: Duration,
 ) -> anyhow::Result<Option<Duration>> {
-    let count =
-        |rows: &[crate::faults::check::Row]| rows.iter().filter(|r| r.topic == topic).count();
+    let count = |rows: &[crate::check::Row]| rows.iter().filter(|r| r.topic == topic).count();
     let at_start = count(&store::rows(url).await?);
     Ok(store::settle(url, |rows| count(rows) > at_start, limit).await?)
 }
