@@ -2,11 +2,11 @@
 //! calls (claims and their sizes, completions, due-time queries) so a slow
 //! figure can be explained without touching the engine.
 
-use mailroom::{
-    ClaimLimits, ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted,
-    LimitedClaim, ListFilter, NewEvent, Page, PurgeReport, Retention, Store, TopicStats,
-    TopicStream,
-};
+use mailroom::hooks::NewEvent;
+use mailroom::operate::{ListFilter, Page, PurgeReport, TopicStats};
+use mailroom::pull::{Claimed, Completion, FencingToken};
+use mailroom::store::{ClaimLimits, ClaimRequest, LimitedClaim, TopicStream};
+use mailroom::{Event, EventId, Inserted, Retention, Store};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -256,8 +256,8 @@ impl Store for CountingStore {
     async fn claim_limited(
         &self,
         req: &ClaimRequest,
-        limits: mailroom::ClaimLimits,
-    ) -> mailroom::Result<mailroom::LimitedClaim> {
+        limits: mailroom::store::ClaimLimits,
+    ) -> mailroom::Result<mailroom::store::LimitedClaim> {
         bump(&self.calls.claims, 1);
         self.inner.claim_limited(req, limits).await
     }
@@ -287,15 +287,18 @@ impl Store for CountingStore {
         self.inner.list(filter).await
     }
 
-    async fn search(&self, search: &mailroom::EventSearch) -> mailroom::Result<Page> {
+    async fn search(&self, search: &mailroom::operate::EventSearch) -> mailroom::Result<Page> {
         self.inner.search(search).await
     }
 
-    async fn count(&self, search: &mailroom::EventSearch) -> mailroom::Result<u64> {
+    async fn count(&self, search: &mailroom::operate::EventSearch) -> mailroom::Result<u64> {
         self.inner.count(search).await
     }
 
-    async fn throughput(&self, window: Duration) -> mailroom::Result<Vec<mailroom::Throughput>> {
+    async fn throughput(
+        &self,
+        window: Duration,
+    ) -> mailroom::Result<Vec<mailroom::operate::Throughput>> {
         self.inner.throughput(window).await
     }
 
@@ -307,7 +310,7 @@ impl Store for CountingStore {
         &self,
         filter: &ListFilter,
         budget: u32,
-    ) -> mailroom::Result<mailroom::ReplayReport> {
+    ) -> mailroom::Result<mailroom::operate::ReplayReport> {
         self.inner.replay_matching(filter, budget).await
     }
 
@@ -329,7 +332,7 @@ impl Store for CountingStore {
     async fn attempt_window(
         &self,
         window: std::time::Duration,
-    ) -> mailroom::Result<Vec<mailroom::AttemptWindow>> {
+    ) -> mailroom::Result<Vec<mailroom::operate::AttemptWindow>> {
         self.inner.attempt_window(window).await
     }
 

@@ -10,7 +10,10 @@
 use crate::backend::Backend;
 use crate::stats::Latencies;
 use anyhow::Context;
-use mailroom::{ClaimRequest, Completion, Delivery, EventId, NewEvent, Store, StoreError};
+use mailroom::hooks::NewEvent;
+use mailroom::pull::Completion;
+use mailroom::store::ClaimRequest;
+use mailroom::{Delivery, EventId, Store, StoreError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,9 @@ use crate::problem::Problem;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use mailroom::answer::{CancelReport, EventList, EventObject, StatsAnswer};
-use mailroom::{KeyCursor, ListFilter, ReplayReport, Status, StoreError};
+use mailroom::operate::KeyCursor;
+use mailroom::operate::{ListFilter, ReplayReport};
+use mailroom::{Status, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::borrow::Cow;
@@ -92,7 +94,7 @@ async fn list(
 ) -> Result<Json<Value>, Problem> {
     let Query(q) = q.map_err(|e| Problem::bad_request(e.body_text()))?;
     let filter = filter_from(q)?;
-    let page = match s.engine.list(&filter).await {
+    let page = match s.engine.operator().list(&filter).await {
         // A cursor is an event id: one that names no stored event (never
         // stored, or purged since) is a resource that is not there.
         Err(StoreError::Invalid(m)) if filter.cursor.is_some() => {
@@ -109,6 +111,7 @@ async fn list(
 async fn show(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
     let event = s
         .engine
+        .operator()
         .get(formats::event_id(&id)?)
         .await?
         .ok_or_else(|| Problem::not_found("no such event"))?;
@@ -119,7 +122,7 @@ async fn show(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<
 #[utoipa::path(post, path = "/events/{id}/replay", tag = "operator", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The replayed event", body = EventObject)))]
 async fn replay(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
-    let event = s.engine.replay(formats::event_id(&id)?).await?;
+    let event = s.engine.operator().replay(formats::event_id(&id)?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
@@ -127,7 +130,7 @@ async fn replay(State(s): State<AppState>, Path(id): Path<String>) -> Result<Jso
 #[utoipa::path(post, path = "/events/{id}/skip", tag = "operator", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The skipped event", body = EventObject)))]
 async fn skip(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
-    let event = s.engine.skip(formats::event_id(&id)?).await?;
+    let event = s.engine.operator().skip(formats::event_id(&id)?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
@@ -136,7 +139,7 @@ async fn skip(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<
 #[utoipa::path(post, path = "/events/{id}/cancel", tag = "operator", params(("id" = uuid::Uuid, Path, description = "Event id")),
     responses((status = 200, description = "The cancelled event", body = EventObject)))]
 async fn cancel(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, Problem> {
-    let event = s.engine.cancel(formats::event_id(&id)?).await?;
+    let event = s.engine.operator().cancel(formats::event_id(&id)?).await?;
     Ok(Json(json!(EventObject::summary(&event))))
 }
 
@@ -281,7 +284,12 @@ async fn cancel_matching(
         key: b.key,
         ..ListFilter::default()
     };
-    Ok(Json(s.engine.cancel_matching(&filter, b.dry_run).await?))
+    Ok(Json(
+        s.engine
+            .operator()
+            .cancel_matching(&filter, b.dry_run)
+            .await?,
+    ))
 }
 
 /// Body of `POST /v1/replay`: which events to replay (default: dead ones).
@@ -335,7 +343,7 @@ async fn replay_matching(
         key: b.key,
         ..ListFilter::default()
     };
-    Ok(Json(s.engine.replay_matching(&filter).await?))
+    Ok(Json(s.engine.operator().replay_matching(&filter).await?))
 }
 
 /// Per topic: counts by status, oldest pending age, blocked keys, rates;
@@ -343,5 +351,10 @@ async fn replay_matching(
 #[utoipa::path(get, path = "/stats", tag = "operator",
     responses((status = 200, description = "Numbers per topic and the alerts firing", body = StatsAnswer)))]
 async fn stats(State(s): State<AppState>) -> Result<Json<StatsAnswer>, Problem> {
-    Ok(Json(s.engine.stats_answer(jiff::Timestamp::now()).await?))
+    Ok(Json(
+        s.engine
+            .operator()
+            .stats_answer(jiff::Timestamp::now())
+            .await?,
+    ))
 }

@@ -32,7 +32,8 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use mailroom::accept::MAX_FIELD_LEN;
 use mailroom::answer::EventObject;
-use mailroom::{Delivery, Draft, Event, NewEvent, Status};
+use mailroom::hooks::NewEvent;
+use mailroom::{Delivery, Draft, Event, Status};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -266,7 +267,7 @@ pub(crate) async fn create(
     if let Some(t) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
         draft = draft.traceparent(t);
     }
-    let accepted = s.engine.accept(draft)?;
+    let accepted = s.engine.hooks().accept(draft)?;
     let Some(guard) = s.inflight.enter(&scope, &key) else {
         return Err(Problem::new(
             StatusCode::CONFLICT,
@@ -275,10 +276,10 @@ pub(crate) async fn create(
         )
         .retry_after(1));
     };
-    let inserted = s.engine.insert(accepted.clone()).await?;
+    let inserted = s.engine.hooks().insert(accepted.clone()).await?;
     drop(guard);
     let stored =
-        s.engine.get(inserted.id).await?.ok_or_else(|| {
+        s.engine.operator().get(inserted.id).await?.ok_or_else(|| {
             Problem::unavailable("the event was stored but could not be read back")
         })?;
     if inserted.duplicate && !same_request(&stored, accepted.event()) {

@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use mailroom::intake::IntakeError;
-use mailroom::{ClaimError, ParseEventIdError, Refused, StoreError};
+use mailroom::pull::ClaimError;
+use mailroom::{ParseEventIdError, Refused, StoreError};
 
 /// An error answer.
 #[derive(Debug)]

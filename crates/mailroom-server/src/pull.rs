@@ -10,7 +10,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 use jiff::Timestamp;
 use mailroom::answer::ClaimObject;
-use mailroom::{EventId, FencingToken, Outcome};
+use mailroom::pull::FencingToken;
+use mailroom::{EventId, Outcome};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use utoipa::ToSchema;
@@ -168,7 +169,7 @@ async fn claim(
             "max must be between 1 and {MAX_CLAIM}"
         )));
     }
-    let claimed = s.engine.claim(&topic, max, lease, &worker).await?;
+    let claimed = s.engine.pull().claim(&topic, max, lease, &worker).await?;
     let events = claimed.iter().map(ClaimObject::new).collect();
     Ok(axum::response::IntoResponse::into_response(Json(
         ClaimAnswer { events },
@@ -196,7 +197,8 @@ async fn ack(
 ) -> Result<Json<FinishAnswer>, Problem> {
     let id: EventId = formats::event_id(&id)?;
     s.engine
-        .finish_claim(id, FencingToken(b.token), Outcome::Success)
+        .pull()
+        .finish(id, FencingToken(b.token), Outcome::Success)
         .await?;
     Ok(Json(FinishAnswer {
         id: id.to_string(),
@@ -245,10 +247,11 @@ async fn nack(
     };
     let status = match s
         .engine
-        .finish_claim(id, FencingToken(b.token), outcome)
+        .pull()
+        .finish(id, FencingToken(b.token), outcome)
         .await?
     {
-        mailroom::Completion::Dead { .. } => "dead",
+        mailroom::pull::Completion::Dead { .. } => "dead",
         _ => "pending",
     };
     Ok(Json(FinishAnswer {
@@ -280,7 +283,11 @@ async fn extend(
 ) -> Result<Json<ExtendAnswer>, Problem> {
     let id: EventId = formats::event_id(&id)?;
     let lease = b.lease.as_ref().map(|l| l.parse("lease")).transpose()?;
-    let until = s.engine.extend(id, FencingToken(b.token), lease).await?;
+    let until = s
+        .engine
+        .pull()
+        .extend(id, FencingToken(b.token), lease)
+        .await?;
     Ok(Json(ExtendAnswer {
         id: id.to_string(),
         lease_until: until,

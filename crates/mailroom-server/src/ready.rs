@@ -42,7 +42,7 @@ impl std::fmt::Debug for Dependency {
     ))]
 pub(crate) async fn ready(State(s): State<AppState>, req: Request) -> Response {
     let detailed = crate::auth::refuse_protected_read(&s, &req).is_none();
-    let store = s.engine.ready().await;
+    let store = s.engine.operator().ready().await;
     let mut ready = store.is_ok();
     let mut body = serde_json::json!({
         "store": match &store {

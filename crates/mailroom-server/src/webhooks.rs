@@ -54,7 +54,7 @@ pub async fn receive(
             return Err(too_many_requests(&source, wait));
         }
     }
-    let limit = s.engine.max_body(&source);
+    let limit = s.engine.hooks().max_body(&source);
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -64,15 +64,15 @@ pub async fn receive(
         if n <= crate::shedding::DRAIN_MAX {
             crate::shedding::drain(body, n).await;
         }
-        s.engine.count_oversized_webhook(&source);
+        s.engine.hooks().count_oversized_webhook(&source);
         return Err(IntakeError::TooLarge { limit }.into());
     }
     let bytes = read_body(body, limit, s.options.limits.body_read_timeout, || {
-        s.engine.count_oversized_webhook(&source);
+        s.engine.hooks().count_oversized_webhook(&source);
         IntakeError::TooLarge { limit }.into()
     })
     .await?;
-    let inserted = s.engine.ingest_webhook(&source, &headers, bytes).await.map_err(|e| {
+    let inserted = s.engine.hooks().ingest_webhook(&source, &headers, bytes).await.map_err(|e| {
         if let IntakeError::Unauthorized(v) = &e {
             metrics::counter!(mailroom::metrics::VERIFICATION_FAILURES, "source" => source.clone(), "reason" => v.reason())
                 .increment(1);

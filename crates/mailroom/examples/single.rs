@@ -6,7 +6,8 @@
 mod common;
 
 use mailroom::handler::handler_fn;
-use mailroom::{Backoff, Draft, Engine, Event, ListFilter, Outcome, RetryPolicy, TopicSpec};
+use mailroom::operate::ListFilter;
+use mailroom::{Backoff, Draft, Engine, Event, Outcome, RetryPolicy, TopicSpec};
 use std::time::Duration;
 
 #[tokio::main]
@@ -60,8 +61,8 @@ async fn print_histories(engine: &Engine) -> Result<(), Box<dyn std::error::Erro
         limit: 10,
         ..Default::default()
     };
-    for e in engine.list(&filter).await?.events {
-        let full = engine.get(e.id).await?.ok_or("event vanished")?;
+    for e in engine.operator().list(&filter).await?.events {
+        let full = engine.operator().get(e.id).await?.ok_or("event vanished")?;
         let outcomes: Vec<&str> = full.history.iter().map(|a| a.outcome.as_str()).collect();
         println!("{} {}: history {:?}", full.dedup_key, full.status, outcomes);
     }

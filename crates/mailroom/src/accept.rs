@@ -1,8 +1,8 @@
 //! The one rule set an incoming event must satisfy for its topic before it
-//! is stored, whatever its door: webhooks ([`Engine::ingest_webhook`]),
+//! is stored, whatever its door: webhooks ([`Hooks::ingest_webhook`]),
 //! `POST /v1/events`, the library ([`Engine::enqueue`]) and AMQP sources
 //! all pass their [`NewEvent`] through [`check`] (from a [`Draft`], through
-//! [`Engine::accept`]).
+//! [`Hooks::accept`]).
 //!
 //! - The topic is declared ([`Engine::enqueue`]; a webhook source's topic
 //!   always exists: a source naming an undeclared topic gets one with
@@ -24,9 +24,9 @@
 //! is processed as an independent event, outside every key's order (the
 //! store contract, [`ClaimRequest::per_key`](mailroom_core::ClaimRequest)).
 //!
-//! [`Engine::ingest_webhook`]: crate::Engine::ingest_webhook
+//! [`Hooks::ingest_webhook`]: crate::hooks::Hooks::ingest_webhook
 //! [`Engine::enqueue`]: crate::Engine::enqueue
-//! [`Engine::accept`]: crate::Engine::accept
+//! [`Hooks::accept`]: crate::hooks::Hooks::accept
 //! [`Draft`]: crate::Draft
 
 use crate::spec::TopicSpec;

@@ -1,26 +1,25 @@
 //! The engine: a store, the topics and sources, their handlers, and the loops
 //! that run them. Cheap to clone; no global state, so one process may run
-//! several engines.
+//! several engines. An embedder builds it, runs it and enqueues; the other
+//! audiences reach it through their own views: [`Engine::operator`]
+//! (operators), [`Engine::pull`] (pull workers), [`Engine::hooks`] (the
+//! server's and the CLI's intake).
 
 use crate::dispatch::{TopicRuntime, run_topic};
+use crate::draft::{Draft, EnqueueError};
 use crate::handler::SharedHandler;
+use crate::hooks::Hooks;
 use crate::maintenance::{AlertNotify, Maintenance};
+use crate::operate::Operator;
+use crate::pull::Pull;
 use crate::shared::Shared;
 use crate::spec::{SourceSpec, SourceSpecError, SpecError, TopicSpec};
 use mailroom_core::{AlertRules, AlertRulesError};
-use mailroom_core::{Retention, Store};
+use mailroom_core::{Inserted, Retention, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-mod admin;
-mod ingest;
-mod pull;
-
-pub use admin::ReplayProgress;
-pub use ingest::{Accepted, Draft, EnqueueError};
-pub use pull::ClaimError;
 
 /// Why an engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +140,8 @@ impl EngineBuilder {
 
     /// Alert thresholds: evaluated by maintenance (on the elected instance,
     /// logging each alert as it fires and resolves, and setting the
-    /// `mailroom_alert_firing` gauge) and on demand by [`Engine::alerts`].
+    /// `mailroom_alert_firing` gauge) and on demand by
+    /// [`Operator::alerts`].
     pub fn alerts(mut self, rules: AlertRules) -> Self {
         self.alerts = rules;
         self
@@ -299,18 +299,35 @@ impl Engine {
         self.inner.sources.get(name)
     }
 
-    /// The limit on a source's body (the default for undeclared sources).
-    pub fn max_body(&self, source: &str) -> u64 {
-        self.inner
-            .sources
-            .get(source)
-            .map(|s| s.max_body)
-            .unwrap_or(crate::spec::DEFAULT_MAX_BODY)
-    }
-
     /// Wakes a topic's loop (e.g. after an outside write).
     pub fn wake(&self, topic: &str) {
         self.inner.wake(topic);
+    }
+
+    /// Checks `draft` against its topic's rules ([`crate::accept`]), stores
+    /// it durably (the call returns after the commit) and wakes its topic.
+    /// Deduplicated by (source, dedup key): a dedup key already stored
+    /// answers the stored event's id with `duplicate: true`.
+    pub async fn enqueue(&self, draft: Draft) -> Result<Inserted, EnqueueError> {
+        let accepted = crate::hooks::accept_draft(&self.inner, draft)?;
+        Ok(crate::hooks::insert(&self.inner, accepted).await?)
+    }
+
+    /// The operators' door: read events and numbers, replay, skip, cancel,
+    /// purge, alerts.
+    pub fn operator(&self) -> Operator {
+        Operator::new(self.inner.clone())
+    }
+
+    /// The pull workers' door: claim, extend, finish.
+    pub fn pull(&self) -> Pull {
+        Pull::new(self.inner.clone())
+    }
+
+    /// The server's and the CLI's hooks into intake: webhooks, body limits,
+    /// and [`enqueue`](Self::enqueue) in its two halves.
+    pub fn hooks(&self) -> Hooks {
+        Hooks::new(self.inner.clone())
     }
 
     /// Runs every topic that has a handler, plus maintenance, until

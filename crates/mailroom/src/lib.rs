@@ -22,7 +22,7 @@
 //!    `Ok` is done, `Err` a retry with backoff), or your own
 //!    [`handler::Handler`]; the built-in HTTP and command handlers are in
 //!    [`handler`] too. A topic without a handler is left to pull workers
-//!    ([`Engine::claim`]).
+//!    ([`Engine::pull`]).
 //! 4. **Run.** [`Engine::run`] starts one loop per topic, which claims due
 //!    events and runs their handler, plus the maintenance (lease rescue,
 //!    retention, alerts), until the [`CancellationToken`] it was given is
@@ -79,7 +79,7 @@
 //!
 //! // The handler runs soon after; its outcome is stored with the event.
 //! tokio::time::timeout(Duration::from_secs(10), async {
-//!     while engine.get(stored.id).await?.map(|e| e.status) != Some(Status::Done) {
+//!     while engine.operator().get(stored.id).await?.map(|e| e.status) != Some(Status::Done) {
 //!         tokio::time::sleep(Duration::from_millis(20)).await;
 //!     }
 //!     Ok::<_, mailroom::StoreError>(())
@@ -98,17 +98,22 @@
 //! (per-key order) and a `batch` topic. The book's embedding guide
 //! (`docs/src/guides/embedding.md`) walks through them.
 //!
-//! ## What else the engine does
+//! ## One door per audience
 //!
-//! - **Operators' work**: [`Engine::get`], [`Engine::list`],
-//!   [`Engine::search`], [`Engine::stats`], [`Engine::replay`],
-//!   [`Engine::skip`], [`Engine::cancel`], [`Engine::purge`] and
-//!   [`Engine::alerts`] — what the HTTP API, the dashboard and the CLI call.
-//! - **Pull workers**: [`Engine::claim`], [`Engine::extend`] and
-//!   [`Engine::finish_claim`] for processes that fetch events themselves,
-//!   with the claim's [`FencingToken`].
-//! - **Webhooks**: [`Engine::ingest_webhook`] verifies, deduplicates and
-//!   stores a request for a declared [`SourceSpec`].
+//! The crate root is the embedder's: [`Engine`], [`EngineBuilder`],
+//! [`Draft`], the [`handler`]s and the types they name. Each other
+//! audience has a view of the engine and a module holding it with the types
+//! it names:
+//!
+//! - **Operators** ([`operate`], [`Engine::operator`]): `get`, `list`,
+//!   `search`, `stats`, `replay`, `skip`, `cancel`, `purge`, `alerts`:
+//!   what the HTTP API, the dashboard and the CLI call.
+//! - **Pull workers** ([`pull`], [`Engine::pull`]): `claim`, `extend` and
+//!   `finish` for processes that fetch events themselves, with the claim's
+//!   [`FencingToken`](pull::FencingToken).
+//! - **The server and the CLI** ([`hooks`], [`Engine::hooks`]): webhook
+//!   intake for a declared [`SourceSpec`], body limits, and `enqueue` in
+//!   its two halves (`accept`, then `insert`).
 //! - **The outbox**: applications write events in their own database
 //!   transaction (`mailroom_postgres::outbox::enqueue`, or the SQLite
 //!   INSERT `mailroom_sqlite::OUTBOX_INSERT`); a running engine picks them
@@ -118,7 +123,7 @@
 //!
 //! 1. **intake** ([`intake`]): a webhook request (or [`Engine::enqueue`]) is
 //!    verified, its dedup key / type / ordering key read, and a
-//!    [`NewEvent`] built, which must pass its topic's rules ([`accept`]: the
+//!    [`NewEvent`](hooks::NewEvent) built, which must pass its topic's rules ([`accept`]: the
 //!    one rule set of every door, webhooks, API, library and AMQP);
 //! 2. **store** ([`Store`]): the event is committed durably and
 //!    deduplicated before anyone is answered (SQLite by default, grouped
@@ -142,14 +147,18 @@ pub mod accept;
 pub mod answer;
 pub mod clock;
 mod dispatch;
+mod draft;
 mod engine;
 pub mod handler;
+pub mod hooks;
 pub mod intake;
 mod maintenance;
 pub mod metrics;
 mod observe;
 mod open;
+pub mod operate;
 pub mod otel;
+pub mod pull;
 mod shared;
 pub mod spec;
 #[cfg(test)]
@@ -157,21 +166,26 @@ mod stalled;
 pub mod tls;
 
 pub use accept::Refused;
-pub use engine::{
-    Accepted, BuildError, ClaimError, Draft, Engine, EngineBuilder, EnqueueError, ReplayProgress,
-};
-// The domain and the storage contract, as a user of the engine (or the
-// writer of a store) meets them; `mailroom-core`'s module tree stays there.
+pub use draft::{Draft, EnqueueError};
+pub use engine::{BuildError, Engine, EngineBuilder};
+// The domain and the storage contract as an embedder meets them; what only
+// operators or pull workers name is in `operate` and `pull`, what only a
+// store's writer names stays in `mailroom-core`.
 pub use mailroom_core::{
-    Alert, AlertKind, AlertRules, AlertRulesError, Attempt, AttemptOutcome, AttemptWindow, Backoff,
-    BatchError, BatchSettings, ClaimLimits, ClaimRequest, Claimed, Completion, Delivery, Event,
-    EventId, EventSearch, FencingToken, Grant, Inserted, KeyCursor, LimitedClaim, ListFilter, Mode,
-    NewEvent, OnDead, Outcome, Page, ParseEventIdError, PurgeReport, Rate, RateError, ReplayReport,
-    Result, Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Throughput,
-    Timestamp, TopicStats, TopicStream,
+    AlertRules, AlertRulesError, Attempt, AttemptOutcome, Backoff, BatchError, BatchSettings,
+    Delivery, Event, EventId, Inserted, Mode, OnDead, Outcome, ParseEventIdError, Rate, RateError,
+    Result, Retention, RetryPolicy, RetryPolicyError, Status, Store, StoreError, Timestamp,
 };
 pub use mailroom_core::{Migrated, SchemaFit, SchemaVersion};
 pub use mailroom_core::{alert, duration, event, limit, redact};
 pub use maintenance::AlertNotify;
 pub use open::{open_store, open_store_with};
 pub use spec::{Field, FieldError, SourceSpec, SourceSpecError, SpecError, TopicSpec};
+
+/// The storage contract's own types, for a program that implements or
+/// wraps a [`Store`] (the trait's doc comments are the contract); the
+/// events, reports and claims its methods also name are at the root and
+/// in [`operate`] and [`pull`].
+pub mod store {
+    pub use mailroom_core::{ClaimLimits, ClaimRequest, Grant, LimitedClaim, TopicStream};
+}

@@ -1,5 +1,6 @@
 use crate::{connect, consumers, delete, eventually, ready, sqlite_store, unique};
-use mailroom::{Backoff, Draft, Engine, ListFilter, RetryPolicy, Status, TopicSpec};
+use mailroom::operate::ListFilter;
+use mailroom::{Backoff, Draft, Engine, RetryPolicy, Status, TopicSpec};
 use mailroom_amqp::connection::CLOSE_GRACE;
 use mailroom_amqp::source::STOP_GRACE;
 use mailroom_amqp::{
@@ -112,7 +113,13 @@ async fn count(engine: &Engine, topic: &str, status: Status) -> usize {
         limit: 1000,
         ..Default::default()
     };
-    engine.list(&filter).await.expect("list").events.len()
+    engine
+        .operator()
+        .list(&filter)
+        .await
+        .expect("list")
+        .events
+        .len()
 }
 
 /// A relay (topic `outbox` publishing to an exchange) and a consumer of the

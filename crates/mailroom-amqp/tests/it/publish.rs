@@ -68,12 +68,12 @@ pub async fn relay_on(
 
 /// The engine's events in `status` (up to 1000).
 pub async fn events(engine: &Engine, status: Status) -> Vec<Event> {
-    let filter = mailroom::ListFilter {
+    let filter = mailroom::operate::ListFilter {
         status: Some(status),
         limit: 1000,
         ..Default::default()
     };
-    engine.list(&filter).await.expect("list").events
+    engine.operator().list(&filter).await.expect("list").events
 }
 
 /// Waits until the only event is done, stops the engine, and returns the

@@ -54,7 +54,7 @@ async fn preload(conn: &Connection, queue: &str) {
 
 /// Events of `topic` in `status`.
 async fn count(engine: &Engine, topic: &str, status: Status) -> u64 {
-    let stats = engine.stats().await.expect("stats");
+    let stats = engine.operator().stats().await.expect("stats");
     stats
         .iter()
         .find(|s| s.topic == topic)

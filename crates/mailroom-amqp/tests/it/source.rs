@@ -2,7 +2,8 @@ use crate::{connect, delete, drain, eventually, ready, sqlite_at, sqlite_store, 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
-use mailroom::{Engine, ListFilter, Status, TopicSpec};
+use mailroom::operate::ListFilter;
+use mailroom::{Engine, Status, TopicSpec};
 use mailroom_amqp::{AmqpSource, AmqpSourceSpec, QueueSpec, Topology, declare};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -106,6 +107,7 @@ async fn wait_drained(conn: &Connection, queue: &str) {
 
 pub(crate) async fn stored(engine: &Engine) -> u64 {
     engine
+        .operator()
         .stats()
         .await
         .expect("stats")
@@ -295,7 +297,7 @@ async fn ids_come_from_properties_else_from_the_envelope() {
         limit: 10,
         ..Default::default()
     };
-    let mut events = engine.list(&filter).await.expect("list").events;
+    let mut events = engine.operator().list(&filter).await.expect("list").events;
     events.sort_by(|a, b| a.dedup_key.cmp(&b.dedup_key));
     let seen: Vec<_> = events
         .iter()
@@ -557,7 +559,7 @@ async fn business_id_dedup_and_priority_and_due_time_from_headers() {
         limit: 10,
         ..Default::default()
     };
-    let mut events = engine.list(&filter).await.expect("list").events;
+    let mut events = engine.operator().list(&filter).await.expect("list").events;
     events.sort_by(|a, b| a.dedup_key.cmp(&b.dedup_key));
     let seen: Vec<_> = events
         .iter()

@@ -191,12 +191,12 @@ async fn a_broker_certificate_of_another_ca_is_refused_and_nothing_flows() {
         assert!(!status.is_up(), "an unverified connection never comes up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let inbound = mailroom::ListFilter {
+    let inbound = mailroom::operate::ListFilter {
         topic: Some("inbound".into()),
         limit: 1000,
         ..Default::default()
     };
-    let consumed = engine.list(&inbound).await.expect("list").events;
+    let consumed = engine.operator().list(&inbound).await.expect("list").events;
     assert!(consumed.is_empty(), "nothing consumed");
     assert_eq!(ready(&conn, &queue).await, 5, "the messages stay queued");
     assert!(

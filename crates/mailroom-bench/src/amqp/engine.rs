@@ -20,7 +20,7 @@ const RELAY: &str = "relay";
 
 /// Events of `topic` in `status` (a store query: used sparingly).
 async fn count(engine: &Engine, topic: &str, status: Status) -> anyhow::Result<u64> {
-    let stats = engine.stats().await?;
+    let stats = engine.operator().stats().await?;
     Ok(stats
         .iter()
         .filter(|t| t.topic == topic)

@@ -191,6 +191,7 @@ pub(super) async fn direct_task(
         }
         let started = Instant::now();
         let answer = engine
+            .hooks()
             .ingest_webhook(SOURCE, &headers, payload.clone())
             .await;
         match answer {

@@ -4,8 +4,9 @@
 use super::{load_config, offline_engine};
 use crate::Cli;
 use anyhow::{Result, bail};
+use mailroom::Engine;
 use mailroom::answer::EventObject;
-use mailroom::{Engine, ListFilter};
+use mailroom::operate::ListFilter;
 use std::io::{BufRead, IsTerminal, Write};
 
 /// How a cancel by filter goes.
@@ -33,7 +34,7 @@ pub(super) async fn run(cli: &Cli, id: Option<&str>, bulk: Bulk, json: bool) -> 
 }
 
 async fn one(engine: &Engine, id: &str, json: bool) -> Result<()> {
-    let e = engine.cancel(id.parse()?).await?;
+    let e = engine.operator().cancel(id.parse()?).await?;
     if json {
         outln!("{}", serde_json::to_string(&EventObject::summary(&e))?);
     } else {
@@ -48,7 +49,7 @@ async fn matching(engine: &Engine, bulk: Bulk, json: bool) -> Result<()> {
         key: bulk.key.clone(),
         ..ListFilter::default()
     };
-    let preview = engine.cancel_matching(&filter, true).await?;
+    let preview = engine.operator().cancel_matching(&filter, true).await?;
     if bulk.dry_run || preview.matching == 0 {
         if json {
             outln!("{}", serde_json::json!(preview));
@@ -60,7 +61,7 @@ async fn matching(engine: &Engine, bulk: Bulk, json: bool) -> Result<()> {
     if !bulk.yes && !confirmed(preview.matching)? {
         bail!("nothing cancelled");
     }
-    let report = engine.cancel_matching(&filter, false).await?;
+    let report = engine.operator().cancel_matching(&filter, false).await?;
     if json {
         outln!("{}", serde_json::json!(report));
     } else {

@@ -6,8 +6,10 @@ use crate::table::{clip, render};
 use crate::{Cli, EventsCommand};
 use anyhow::{Context, Result};
 use mailroom::answer::{EventList, EventObject};
+use mailroom::operate::KeyCursor;
+use mailroom::operate::ListFilter;
 use mailroom::redact::escape_controls;
-use mailroom::{Engine, Event, KeyCursor, ListFilter};
+use mailroom::{Engine, Event};
 
 pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Result<()> {
     let engine = offline_engine(&load_config(cli)?).await?;
@@ -34,7 +36,7 @@ pub(super) async fn run(cli: &Cli, command: &EventsCommand, json: bool) -> Resul
 }
 
 async fn list(engine: &Engine, filter: &ListFilter, json: bool) -> Result<()> {
-    let page = engine.list(filter).await?;
+    let page = engine.operator().list(filter).await?;
     if json {
         outln!("{}", serde_json::to_string(&EventList::new(&page))?);
         return Ok(());
@@ -78,6 +80,7 @@ fn list_row(e: &Event) -> Vec<String> {
 
 async fn show(engine: &Engine, id: &str, json: bool) -> Result<()> {
     let event = engine
+        .operator()
         .get(id.parse()?)
         .await?
         .with_context(|| format!("no event {id}"))?;

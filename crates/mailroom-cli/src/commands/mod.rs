@@ -16,7 +16,8 @@ mod status;
 
 use crate::{Cli, Command, Filter};
 use anyhow::{Context, Result};
-use mailroom::{Engine, ListFilter, SchemaFit, Status, Store};
+use mailroom::operate::ListFilter;
+use mailroom::{Engine, SchemaFit, Status, Store};
 use mailroom_config::file::MigrateMode;
 use mailroom_config::{Config, Specs};
 use std::process::ExitCode;

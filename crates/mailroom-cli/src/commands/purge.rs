@@ -11,7 +11,7 @@ pub(super) async fn run(cli: &Cli, older_than: &str, json: bool) -> Result<()> {
     let engine = offline_engine(&load_config(cli)?).await?;
     eprintln!("purging finished events older than {older_than}…");
     let spinner = Progress::spinner(json, "purging");
-    let report = engine.purge(d).await;
+    let report = engine.operator().purge(d).await;
     spinner.finish();
     let report = report?;
     if json {
@@ -23,7 +23,7 @@ pub(super) async fn run(cli: &Cli, older_than: &str, json: bool) -> Result<()> {
         outln!(
             "payloads dropped: {}, rows deleted (past the dedup window of {}): {}",
             report.payloads_dropped,
-            mailroom::duration::format(engine.retention().dedup.max(d)),
+            mailroom::duration::format(engine.operator().retention().dedup.max(d)),
             report.rows_deleted
         );
     }

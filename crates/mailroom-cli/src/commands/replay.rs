@@ -6,7 +6,8 @@ use crate::progress::Progress;
 use crate::{Cli, Filter};
 use anyhow::{Result, bail};
 use mailroom::answer::EventObject;
-use mailroom::{Engine, EventSearch, ListFilter, ReplayReport, Status};
+use mailroom::operate::{EventSearch, ListFilter, ReplayReport};
+use mailroom::{Engine, Status};
 
 /// Events replayed per page of a replay by filter (concurrently, so the
 /// store groups them), and the steps of its progress.
@@ -26,7 +27,7 @@ pub(super) async fn run(cli: &Cli, id: Option<&str>, filter: &Filter, json: bool
 }
 
 async fn one(engine: &Engine, id: &str, json: bool) -> Result<()> {
-    let e = engine.replay(id.parse()?).await?;
+    let e = engine.operator().replay(id.parse()?).await?;
     if json {
         outln!("{}", serde_json::to_string(&EventObject::summary(&e))?);
     } else {
@@ -54,9 +55,12 @@ async fn matching(engine: &Engine, filter: &Filter, json: bool) -> Result<()> {
         },
         ..EventSearch::default()
     };
-    let total = engine.count(&search).await?;
+    let total = engine.operator().count(&search).await?;
     let bar = Progress::bar(json, total, "replaying");
-    let done = engine.replay_each(search, |p| bar.set(p.handled())).await;
+    let done = engine
+        .operator()
+        .replay_each(search, |p| bar.set(p.handled()))
+        .await;
     bar.finish();
     let done = done?;
     let report = ReplayReport {

@@ -105,7 +105,7 @@ fn announce(
     if let Some(tls) = tls {
         tracing::info!(cert_file = %tls.cert_file().display(), sha256 = %tls.fingerprint(), "serving HTTPS; SIGHUP re-reads the certificate and key");
     }
-    if engine.alert_rules().any() {
+    if engine.operator().alert_rules().any() {
         tracing::info!(
             window = %mailroom::duration::format(mailroom::alert::ALERT_WINDOW),
             "[alerts] evaluated every 10s by the instance that holds maintenance: see the logs, /v1/stats and mailroom status"

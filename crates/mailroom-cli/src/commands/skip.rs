@@ -7,7 +7,7 @@ use mailroom::answer::EventObject;
 
 pub(super) async fn run(cli: &Cli, id: &str, json: bool) -> Result<()> {
     let engine = offline_engine(&load_config(cli)?).await?;
-    let e = engine.skip(id.parse()?).await?;
+    let e = engine.operator().skip(id.parse()?).await?;
     if json {
         outln!("{}", serde_json::to_string(&EventObject::summary(&e))?);
     } else {

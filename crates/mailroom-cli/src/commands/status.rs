@@ -12,7 +12,10 @@ pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
     let config = load_config(cli)?;
     // Through the engine, so blocked keys count only where a dead head blocks.
     let engine = offline_engine(&config).await?;
-    let answer = engine.stats_answer(jiff::Timestamp::now()).await?;
+    let answer = engine
+        .operator()
+        .stats_answer(jiff::Timestamp::now())
+        .await?;
     if json {
         outln!("{}", serde_json::to_string(&answer)?);
         return Ok(());
@@ -26,7 +29,7 @@ pub(super) async fn run(cli: &Cli, json: bool) -> Result<()> {
         return Ok(());
     }
     print_table(&answer.topics);
-    if engine.alert_rules().any() {
+    if engine.operator().alert_rules().any() {
         if answer.alerts.is_empty() {
             outln!("\nalerts: none firing");
         } else {

@@ -47,12 +47,21 @@ async fn purged_event(engine: &Engine) -> String {
         .await
         .expect("enqueue")
         .id;
-    let claimed = engine.claim("orders", 1, None, "w").await.expect("claim");
+    let claimed = engine
+        .pull()
+        .claim("orders", 1, None, "w")
+        .await
+        .expect("claim");
     engine
-        .finish_claim(id, claimed[0].token, Outcome::Success)
+        .pull()
+        .finish(id, claimed[0].token, Outcome::Success)
         .await
         .expect("ack");
-    let report = engine.purge(Duration::ZERO).await.expect("purge");
+    let report = engine
+        .operator()
+        .purge(Duration::ZERO)
+        .await
+        .expect("purge");
     assert_eq!(report.payloads_dropped, 1);
     id.to_string()
 }
@@ -79,7 +88,11 @@ async fn replay_refuses_a_purged_event_and_says_why() {
         answer,
         serde_json::json!({"replayed": 0, "skipped_purged": 1})
     );
-    let event = engine.get(id.parse().expect("id")).await.expect("get");
+    let event = engine
+        .operator()
+        .get(id.parse().expect("id"))
+        .await
+        .expect("get");
     assert_eq!(event.expect("kept").status, mailroom::Status::Done);
 }
 
@@ -164,7 +177,11 @@ async fn cancel_by_id_and_by_filter_with_a_preview() {
         engine.enqueue(Draft::json("orders", &serde_json::json!({"n": n})).key(key))
     };
     let running = enqueue("a", 0).await.expect("enqueue").id;
-    let claimed = engine.claim("orders", 1, None, "w").await.expect("claim");
+    let claimed = engine
+        .pull()
+        .claim("orders", 1, None, "w")
+        .await
+        .expect("claim");
     assert_eq!(claimed[0].event.id, running);
     let one = enqueue("b", 1).await.expect("enqueue").id.to_string();
     for n in 2..5 {
@@ -213,7 +230,7 @@ async fn cancel_by_id_and_by_filter_with_a_preview() {
         .expect("a CANCELLED column");
     assert_eq!(row[column], "4", "{out}");
 
-    let stats = engine.stats().await.expect("stats");
+    let stats = engine.operator().stats().await.expect("stats");
     let orders = stats.iter().find(|t| t.topic == "orders").expect("orders");
     assert_eq!(orders.count(mailroom::Status::Cancelled), 4);
     assert_eq!(orders.count(mailroom::Status::Pending), 0);
@@ -234,6 +251,7 @@ async fn dead_events(engine: &Engine, count: usize) {
 /// Claims the `count` pending events of `orders` and fails them for good.
 async fn kill_pending(engine: &Engine, count: usize) {
     let claimed = engine
+        .pull()
         .claim("orders", 1000, None, "w")
         .await
         .expect("claim");
@@ -243,7 +261,8 @@ async fn kill_pending(engine: &Engine, count: usize) {
             error: "boom".into(),
         };
         engine
-            .finish_claim(c.event.id, c.token, verdict)
+            .pull()
+            .finish(c.event.id, c.token, verdict)
             .await
             .expect("nack");
     }
@@ -261,7 +280,7 @@ async fn piped_and_json_output_of_long_verbs_has_no_progress_drawing() {
     assert!(ok, "{err}");
     assert_eq!(out, "450 events are pending again\n");
     assert_eq!(err, "replaying dead events…\n");
-    let counts = engine.stats().await.expect("stats");
+    let counts = engine.operator().stats().await.expect("stats");
     assert_eq!(counts[0].count(mailroom::Status::Pending), 450);
 
     kill_pending(&engine, 450).await;

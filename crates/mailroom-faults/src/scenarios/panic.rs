@@ -210,7 +210,7 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
 async fn dead_errors(engine: &Engine, rows: &[Row]) -> anyhow::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for r in dead_rows(rows) {
-        let event = engine.get(r.id.parse()?).await?;
+        let event = engine.operator().get(r.id.parse()?).await?;
         let e = event.and_then(|e| e.last_error).unwrap_or_default();
         out.insert(r.id.clone(), e);
     }

@@ -3,7 +3,7 @@
 //! as an inline SVG (no script, no image request).
 
 use jiff::Timestamp;
-use mailroom::Throughput;
+use mailroom::operate::Throughput;
 use std::fmt::Write as _;
 
 /// Minutes the chart covers.

@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use jiff::Timestamp;
-use mailroom::{Engine, EventSearch, KeyCursor, ListFilter, Status, StoreError};
+use mailroom::operate::KeyCursor;
+use mailroom::operate::{EventSearch, ListFilter};
+use mailroom::{Engine, Status, StoreError};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -137,9 +139,10 @@ pub(crate) async fn page(
     let filter = q.filter;
     let listed = s
         .engine
+        .operator()
         .search(&filter.search(PAGE_SIZE, cursor(q.cursor.as_deref())?)?)
         .await?;
-    let matching = s.engine.count(&filter.search(0, None)?).await?;
+    let matching = s.engine.operator().count(&filter.search(0, None)?).await?;
     let next = listed
         .next_cursor
         .map(|c| format!("?{}&cursor={}", filter.query(), c.0));
@@ -231,7 +234,7 @@ pub(crate) async fn start(
         ));
     }
     let search = filter.search(JOB_CHUNK, None)?;
-    let total = s.engine.count(&search).await?;
+    let total = s.engine.operator().count(&search).await?;
     let job = s.dashboard.jobs.add(filter.describe(), total);
     tokio::spawn(run(s.engine.clone(), search, job.clone()));
     Ok(Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response())
@@ -241,6 +244,7 @@ pub(crate) async fn start(
 /// ([`Engine::replay_each`]), publishing the counts after each page.
 async fn run(engine: Engine, search: EventSearch, job: Arc<Job>) {
     let outcome = engine
+        .operator()
         .replay_each(search, |p| {
             job.replayed.store(p.replayed, Ordering::Relaxed);
             job.purged.store(p.purged, Ordering::Relaxed);

@@ -10,7 +10,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use jiff::Timestamp;
 use mailroom::answer::{EventObject, TopicAnswer};
-use mailroom::{Event, EventId, KeyCursor, ListFilter, Mode, OnDead, Status};
+use mailroom::operate::KeyCursor;
+use mailroom::operate::ListFilter;
+use mailroom::{Event, EventId, Mode, OnDead, Status};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -67,7 +69,7 @@ struct OverviewPage {
     frame: Frame,
     statuses: Vec<&'static str>,
     topics: Vec<TopicRow>,
-    alerts: Vec<mailroom::Alert>,
+    alerts: Vec<mailroom::operate::Alert>,
     dependencies: Vec<DependencyRow>,
     updated: String,
 }
@@ -82,9 +84,10 @@ pub(crate) async fn overview(
     Extension(session): Extension<Session>,
 ) -> Result<Response, PageError> {
     let now = Timestamp::now();
-    let stats = s.engine.stats_answer(now).await?;
+    let stats = s.engine.operator().stats_answer(now).await?;
     let traffic = s
         .engine
+        .operator()
         .throughput(Duration::from_secs(60 * chart::MINUTES as u64))
         .await?;
     let rows = stats.topics.iter().map(|t| {
@@ -206,7 +209,7 @@ pub(crate) async fn topic(
         limit: PAGE_SIZE,
         cursor: cursor(q.cursor.as_deref())?,
     };
-    let page = s.engine.list(&filter).await?;
+    let page = s.engine.operator().list(&filter).await?;
     let next = page.next_cursor.map(|c| {
         format!(
             "?status={}&key={}&cursor={}",
@@ -252,19 +255,23 @@ async fn topic_limits(s: &AppState, topic: &str) -> Result<Option<String>, PageE
         return Ok(None);
     }
     let running = if limited {
-        let search = mailroom::EventSearch {
+        let search = mailroom::operate::EventSearch {
             filter: ListFilter {
                 topic: Some(topic.to_owned()),
                 status: Some(Status::Running),
                 ..ListFilter::default()
             },
-            ..mailroom::EventSearch::default()
+            ..mailroom::operate::EventSearch::default()
         };
-        s.engine.count(&search).await?
+        s.engine.operator().count(&search).await?
     } else {
         0
     };
-    let limits = s.engine.limits_answer(topic, running, None).await?;
+    let limits = s
+        .engine
+        .operator()
+        .limits_answer(topic, running, None)
+        .await?;
     Ok(limits.map(|l| l.summary()))
 }
 
@@ -276,6 +283,7 @@ const BLOCKED_SHOWN: u32 = 200;
 async fn blocked_keys(s: &AppState, topic: &str) -> Result<Vec<BlockedKey>, PageError> {
     let dead = s
         .engine
+        .operator()
         .list(&ListFilter {
             topic: Some(topic.to_owned()),
             status: Some(Status::Dead),
@@ -347,6 +355,7 @@ pub(crate) async fn event(
         .map_err(|_| PageError::NotFound("no such event"))?;
     let e = s
         .engine
+        .operator()
         .get(id)
         .await?
         .ok_or(PageError::NotFound("no such event"))?;
@@ -440,7 +449,7 @@ pub(crate) async fn replay(
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
     let id = action_id(&id)?;
-    s.engine.replay(id).await?;
+    s.engine.operator().replay(id).await?;
     Ok(done(id, "replay"))
 }
 
@@ -450,7 +459,7 @@ pub(crate) async fn skip(
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
     let id = action_id(&id)?;
-    s.engine.skip(id).await?;
+    s.engine.operator().skip(id).await?;
     Ok(done(id, "skip"))
 }
 
@@ -460,6 +469,6 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
     let id = action_id(&id)?;
-    s.engine.cancel(id).await?;
+    s.engine.operator().cancel(id).await?;
     Ok(done(id, "cancel"))
 }

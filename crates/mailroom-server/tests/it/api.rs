@@ -305,6 +305,7 @@ async fn cancel_one_and_by_filter_with_a_preview() {
     }
     let claimed = server
         .engine
+        .pull()
         .claim("parked", 1, None, "w")
         .await
         .expect("claim");
@@ -423,6 +424,7 @@ async fn api_events_can_be_delivered_later() {
     assert!(
         server
             .engine
+            .pull()
             .claim("later", 10, None, "w")
             .await
             .expect("claim")

@@ -79,7 +79,13 @@ fn csrf_of(html: &str) -> String {
 /// The event's status, read through the engine (`/v1` may need a token).
 async fn status(s: &Server, id: &str) -> String {
     let id = id.parse().expect("an event id");
-    let event = s.engine.get(id).await.expect("store").expect("stored");
+    let event = s
+        .engine
+        .operator()
+        .get(id)
+        .await
+        .expect("store")
+        .expect("stored");
     event.status.as_str().to_owned()
 }
 
@@ -312,7 +318,7 @@ async fn login_origin_and_csrf_guard_every_action() {
     );
     eventually("replayed and attempted again", || async {
         let id = dead.parse().ok()?;
-        let e = s.engine.get(id).await.ok()??;
+        let e = s.engine.operator().get(id).await.ok()??;
         (e.attempts == 2).then_some(())
     })
     .await;

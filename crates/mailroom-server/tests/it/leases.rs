@@ -3,7 +3,10 @@
 
 use crate::support::{Db, outcomes, start_with};
 use mailroom::handler::handler_fn;
-use mailroom::{ClaimRequest, Completion, Engine, Event, EventId, NewEvent, StoreError, TopicSpec};
+use mailroom::hooks::NewEvent;
+use mailroom::pull::Completion;
+use mailroom::store::ClaimRequest;
+use mailroom::{Engine, Event, EventId, StoreError, TopicSpec};
 use mailroom_server::ServerOptions;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -164,7 +164,12 @@ async fn a_purged_event_is_not_replayed() {
     .await;
     let id = server.accept("work", "w-1", &json!({"n": 1})).await;
     server.event_with_status(&id, "done").await;
-    let report = server.engine.purge(Duration::ZERO).await.expect("purge");
+    let report = server
+        .engine
+        .operator()
+        .purge(Duration::ZERO)
+        .await
+        .expect("purge");
     assert_eq!(report.payloads_dropped, 1);
 
     let resp = server

@@ -27,6 +27,7 @@ pub async fn run_until_done(engine: &Engine, done: u64) -> Result<(), Box<dyn Er
         async move { engine.run(shutdown).await }
     });
     while engine
+        .operator()
         .stats()
         .await?
         .iter()

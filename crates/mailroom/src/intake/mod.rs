@@ -45,7 +45,7 @@ pub enum IntakeError {
 }
 
 /// Reads the request into a [`NewEvent`] for `topic`: the extraction step
-/// of [`Engine::ingest_webhook`](crate::Engine::ingest_webhook), which
+/// of [`Hooks::ingest_webhook`](crate::hooks::Hooks::ingest_webhook), which
 /// verifies the signature before it and applies the topic's rules
 /// ([`accept`](crate::accept)) after it. Public for the fuzz target.
 pub fn build_event(

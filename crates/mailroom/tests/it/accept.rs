@@ -7,9 +7,10 @@ use bytes::Bytes;
 use http::HeaderMap;
 use mailroom::handler::handler_fn;
 use mailroom::intake::IntakeError;
+use mailroom::operate::ListFilter;
 use mailroom::{
-    Draft, Engine, EnqueueError, Event, Field, ListFilter, Mode, OnDead, Outcome, Refused,
-    SourceSpec, Status, TopicSpec,
+    Draft, Engine, EnqueueError, Event, Field, Mode, OnDead, Outcome, Refused, SourceSpec, Status,
+    TopicSpec,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +33,7 @@ fn sequential(name: &str) -> TopicSpec {
 
 async fn stored(engine: &Engine) -> usize {
     engine
+        .operator()
         .list(&ListFilter {
             limit: 100,
             ..Default::default()
@@ -75,7 +77,12 @@ async fn enqueue_refuses_a_keyless_event_in_a_sequential_topic() {
         .await
         .expect("the default key applies")
         .id;
-    let event = engine.get(id).await.expect("get").expect("stored");
+    let event = engine
+        .operator()
+        .get(id)
+        .await
+        .expect("get")
+        .expect("stored");
     assert_eq!(event.key.as_deref(), Some("none"));
     let err = engine
         .enqueue(Draft::json("nowhere", &serde_json::json!({})))
@@ -99,6 +106,7 @@ async fn webhook_intake_refuses_a_keyless_event_in_a_sequential_topic() {
         .expect("engine");
     let body = Bytes::from_static(br#"{"id":"evt-1"}"#);
     let err = engine
+        .hooks()
         .ingest_webhook("shop", &HeaderMap::new(), body)
         .await
         .expect_err("refused");
@@ -116,6 +124,7 @@ async fn webhook_intake_refuses_a_keyless_event_in_a_sequential_topic() {
     headers.insert("webhook-id", long.parse().expect("header"));
     let body = Bytes::from_static(br#"{"customer":"c-1"}"#);
     let err = engine
+        .hooks()
         .ingest_webhook("shop", &headers, body)
         .await
         .expect_err("an oversized dedup key is refused");
@@ -162,6 +171,7 @@ async fn control_characters_in_envelope_fields_are_refused_naming_the_field() {
     }
     let body = Bytes::from_static(b"{\"customer\":\"c-1\\r\\nX-Injected: yes\"}");
     let err = engine
+        .hooks()
         .ingest_webhook("shop", &HeaderMap::new(), body)
         .await
         .expect_err("refused");
@@ -226,7 +236,7 @@ async fn a_keyless_outbox_row_in_a_sequential_topic_runs_independently() {
             limit: 10,
             ..Default::default()
         };
-        let page = engine.list(&filter).await.expect("list");
+        let page = engine.operator().list(&filter).await.expect("list");
         page.events
             .into_iter()
             .find(|e| e.dedup_key == dedup)

@@ -3,7 +3,8 @@
 //! fires and as it resolves.
 
 use mailroom::handler::handler_fn;
-use mailroom::{AlertKind, AlertRules, Draft, Engine, Event, Outcome, Status, TopicSpec};
+use mailroom::operate::AlertKind;
+use mailroom::{AlertRules, Draft, Engine, Event, Outcome, Status, TopicSpec};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -85,7 +86,7 @@ async fn alerts_fire_from_real_processing_and_resolve() {
         .maintenance_period(Duration::from_millis(50))
         .build()
         .expect("engine");
-    assert_eq!(engine.alerts().await.expect("alerts"), vec![]);
+    assert_eq!(engine.operator().alerts().await.expect("alerts"), vec![]);
 
     for i in 0..25 {
         engine
@@ -120,7 +121,7 @@ async fn alerts_fire_from_real_processing_and_resolve() {
     .await;
     // The report has been running for more than 300 ms by now or soon.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let alerts = engine.alerts().await.expect("alerts");
+    let alerts = engine.operator().alerts().await.expect("alerts");
     let fired: Vec<(&str, AlertKind)> = alerts.iter().map(|a| (a.topic.as_str(), a.kind)).collect();
     assert_eq!(
         fired,
@@ -165,7 +166,7 @@ async fn alerts_fire_from_real_processing_and_resolve() {
     // Drain the pulled backlog as a pull worker would (claim, then ack):
     // the backlog alert resolves.
     let claimed = store
-        .claim(&mailroom::ClaimRequest {
+        .claim(&mailroom::store::ClaimRequest {
             topic: "pulled".into(),
             worker: "test".into(),
             max: 6,
@@ -178,7 +179,7 @@ async fn alerts_fire_from_real_processing_and_resolve() {
         .expect("claim");
     for c in claimed {
         store
-            .complete(c.event.id, c.token, mailroom::Completion::Done)
+            .complete(c.event.id, c.token, mailroom::pull::Completion::Done)
             .await
             .expect("ack");
     }
@@ -297,7 +298,7 @@ async fn alert_notifications_are_signed_and_sent_once_per_transition() {
     assert_eq!(received.accepted().len(), 1);
 
     let claimed = store
-        .claim(&mailroom::ClaimRequest {
+        .claim(&mailroom::store::ClaimRequest {
             topic: "pulled".into(),
             worker: "test".into(),
             max: 3,
@@ -310,7 +311,7 @@ async fn alert_notifications_are_signed_and_sent_once_per_transition() {
         .expect("claim");
     for c in claimed {
         store
-            .complete(c.event.id, c.token, mailroom::Completion::Done)
+            .complete(c.event.id, c.token, mailroom::pull::Completion::Done)
             .await
             .expect("ack");
     }

@@ -79,7 +79,12 @@ async fn a_hung_attempt_times_out_and_a_panic_becomes_a_retry() {
     .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let event = loop {
-        let e = engine.get(id).await.expect("get").expect("stored");
+        let e = engine
+            .operator()
+            .get(id)
+            .await
+            .expect("get")
+            .expect("stored");
         if e.history.len() == 3 {
             break e;
         }
@@ -135,7 +140,12 @@ async fn shutdown_during_a_hung_attempt_ends_within_the_timeout() {
         "shutdown took {:?}",
         stopping.elapsed()
     );
-    let event = engine.get(id).await.expect("get").expect("stored");
+    let event = engine
+        .operator()
+        .get(id)
+        .await
+        .expect("get")
+        .expect("stored");
     assert_eq!(
         event.history.first().and_then(|a| a.error.as_deref()),
         Some("timed out after 300ms")

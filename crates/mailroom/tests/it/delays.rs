@@ -56,7 +56,12 @@ async fn a_thousand_delayed_events_on(url: &str) {
         let delay = Duration::from_millis(rand::random::<u64>() % 5000);
         let draft = Draft::json("later", &serde_json::json!({ "i": i })).delay(delay);
         let id = engine.enqueue(draft).await.expect("enqueue").id;
-        let stored = engine.get(id).await.expect("get").expect("stored");
+        let stored = engine
+            .operator()
+            .get(id)
+            .await
+            .expect("get")
+            .expect("stored");
         if stored.attempts == 0 {
             due.insert(id, stored.next_attempt_at.expect("a due time"));
         }

@@ -42,7 +42,12 @@ async fn run_once(handler: SharedHandler) -> Event {
         .id;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let event = engine.get(id).await.expect("get").expect("stored");
+        let event = engine
+            .operator()
+            .get(id)
+            .await
+            .expect("get")
+            .expect("stored");
         if matches!(event.status, Status::Done | Status::Dead) {
             shutdown.cancel();
             return event;

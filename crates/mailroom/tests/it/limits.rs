@@ -277,12 +277,24 @@ async fn pull_claims_spend_the_rate_budget() {
         .build()
         .expect("engine");
     enqueue(&engine, "pulled", 100).await;
-    let first = engine.claim("pulled", 100, None, "w").await.expect("claim");
+    let first = engine
+        .pull()
+        .claim("pulled", 100, None, "w")
+        .await
+        .expect("claim");
     assert_eq!(first.len(), 5);
-    let second = engine.claim("pulled", 100, None, "w").await.expect("claim");
+    let second = engine
+        .pull()
+        .claim("pulled", 100, None, "w")
+        .await
+        .expect("claim");
     assert!(second.len() <= 1, "{}", second.len());
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let later = engine.claim("pulled", 100, None, "w").await.expect("claim");
+    let later = engine
+        .pull()
+        .claim("pulled", 100, None, "w")
+        .await
+        .expect("claim");
     assert_eq!(later.len(), 5, "refilled, at most one grant");
 }
 

@@ -94,7 +94,7 @@ async fn rollback_leaves_nothing_and_commit_delivers_once() {
     let object = serde_json::to_value(mailroom::answer::EventObject::summary(e)).expect("json");
     assert_eq!(object["payload"]["order"], "order-2");
     let all = store
-        .list(&mailroom::ListFilter {
+        .list(&mailroom::operate::ListFilter {
             limit: 100,
             ..Default::default()
         })
@@ -146,8 +146,8 @@ async fn the_outbox_insert_takes_priority_and_deliver_at() {
         }
         assert_eq!(stmt.raw_execute().expect("insert"), 1);
     }
-    let req = mailroom::ClaimRequest::new("orders", "w", 10, Duration::from_secs(30));
-    let dedup = |c: &[mailroom::Claimed]| -> Vec<String> {
+    let req = mailroom::store::ClaimRequest::new("orders", "w", 10, Duration::from_secs(30));
+    let dedup = |c: &[mailroom::pull::Claimed]| -> Vec<String> {
         c.iter().map(|c| c.event.dedup_key.clone()).collect()
     };
     assert_eq!(

@@ -66,6 +66,6 @@ async fn each_outcome_rides_with_the_next_claim() {
 }
 
 async fn done(engine: &Engine) -> u64 {
-    let stats = engine.stats().await.unwrap();
+    let stats = engine.operator().stats().await.unwrap();
     stats.iter().map(|t| t.count(Status::Done)).sum()
 }

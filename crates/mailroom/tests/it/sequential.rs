@@ -251,7 +251,7 @@ async fn a_dead_head_blocks_its_key_until_skipped() {
     );
     let stats = store.stats().await.expect("stats");
     assert_eq!(stats[0].blocked_keys, 1);
-    engine.skip(bad).await.expect("skip");
+    engine.operator().skip(bad).await.expect("skip");
     wait_until("next event done", Duration::from_secs(10), async || {
         status_of(&store, good).await == Status::Done
     })

@@ -63,7 +63,7 @@ async fn a_flood_beyond_the_concurrency_cap_is_shed_with_503() {
     assert!(!accepted.is_empty(), "nothing was accepted");
     for id in &accepted {
         assert!(
-            s.engine.get(*id).await.expect("get").is_some(),
+            s.engine.operator().get(*id).await.expect("get").is_some(),
             "{id} answered 200 but not stored"
         );
     }

@@ -3,11 +3,12 @@
 //! with [`mailroom_server::serve_with`] on `127.0.0.1:0`.
 
 use async_trait::async_trait;
-use mailroom::{
-    ClaimRequest, Claimed, Completion, Event, EventId, FencingToken, Inserted, ListFilter,
-    NewEvent, Page, PurgeReport, Retention, Store, StoreError, TopicStats,
-};
+use mailroom::hooks::NewEvent;
+use mailroom::operate::{ListFilter, Page, PurgeReport, TopicStats};
+use mailroom::pull::{Claimed, Completion, FencingToken};
+use mailroom::store::ClaimRequest;
 use mailroom::{Engine, EngineBuilder};
+use mailroom::{Event, EventId, Inserted, Retention, Store, StoreError};
 use mailroom_server::ServerOptions;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -126,8 +127,8 @@ impl Store for Wrapped {
     async fn claim_limited(
         &self,
         req: &ClaimRequest,
-        limits: mailroom::ClaimLimits,
-    ) -> StoreResult<mailroom::LimitedClaim> {
+        limits: mailroom::store::ClaimLimits,
+    ) -> StoreResult<mailroom::store::LimitedClaim> {
         self.inner.claim_limited(req, limits).await
     }
     async fn pause_topic(&self, topic: &str, pause: Duration) -> StoreResult<jiff::Timestamp> {
@@ -142,13 +143,16 @@ impl Store for Wrapped {
     async fn list(&self, filter: &ListFilter) -> StoreResult<Page> {
         self.inner.list(filter).await
     }
-    async fn search(&self, search: &mailroom::EventSearch) -> StoreResult<Page> {
+    async fn search(&self, search: &mailroom::operate::EventSearch) -> StoreResult<Page> {
         self.inner.search(search).await
     }
-    async fn count(&self, search: &mailroom::EventSearch) -> StoreResult<u64> {
+    async fn count(&self, search: &mailroom::operate::EventSearch) -> StoreResult<u64> {
         self.inner.count(search).await
     }
-    async fn throughput(&self, window: Duration) -> StoreResult<Vec<mailroom::Throughput>> {
+    async fn throughput(
+        &self,
+        window: Duration,
+    ) -> StoreResult<Vec<mailroom::operate::Throughput>> {
         self.inner.throughput(window).await
     }
     async fn replay(&self, id: EventId, budget: u32) -> StoreResult<Event> {
@@ -158,7 +162,7 @@ impl Store for Wrapped {
         &self,
         filter: &ListFilter,
         budget: u32,
-    ) -> StoreResult<mailroom::ReplayReport> {
+    ) -> StoreResult<mailroom::operate::ReplayReport> {
         self.inner.replay_matching(filter, budget).await
     }
     async fn skip(&self, id: EventId) -> StoreResult<Event> {
@@ -176,7 +180,7 @@ impl Store for Wrapped {
     async fn attempt_window(
         &self,
         window: std::time::Duration,
-    ) -> StoreResult<Vec<mailroom::AttemptWindow>> {
+    ) -> StoreResult<Vec<mailroom::operate::AttemptWindow>> {
         self.inner.attempt_window(window).await
     }
     async fn purge(&self, retention: Retention) -> StoreResult<PurgeReport> {

@@ -1,71 +1,87 @@
-//! What operators do through the engine (the HTTP API, the dashboard and
-//! the CLI alike): read events and numbers, replay, skip, cancel, purge.
-//! Every write wakes the topic it touched.
+//! The operators' door ([`Engine::operator`](crate::Engine::operator)):
+//! what the HTTP API, the dashboard and the CLI do through an engine: read
+//! events and numbers, replay, skip, cancel, purge, evaluate the alerts.
+//! Every write wakes the topic it touched. The types these operations take
+//! and answer are here too.
 
-use super::Engine;
 use crate::answer::{LimitsAnswer, RATE_WINDOW, Rates, StatsAnswer, TopicAnswer};
+use crate::shared::Shared;
 use jiff::Timestamp;
-use mailroom_core::{
-    Alert, AlertRules, AttemptWindow, Event, EventId, EventSearch, ListFilter, Page, PurgeReport,
-    ReplayReport, Retention, Status, StoreError, Throughput, TopicStats,
-};
+use mailroom_core::{AlertRules, Event, EventId, Retention, Status, StoreError};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-impl Engine {
+pub use crate::answer::CancelReport;
+pub use mailroom_core::{
+    Alert, AlertKind, AttemptWindow, EventSearch, KeyCursor, ListFilter, Page, PurgeReport,
+    ReplayReport, Throughput, TopicStats,
+};
+
+/// What operators do with one engine. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Operator {
+    shared: Arc<Shared>,
+}
+
+impl Operator {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
     /// One event with its attempt history.
     pub async fn get(&self, id: EventId) -> Result<Option<Event>, StoreError> {
-        self.inner.store.get(id).await
+        self.shared.store.get(id).await
     }
 
     /// Events matching `filter`, newest first.
     pub async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        self.inner.store.list(filter).await
+        self.shared.store.list(filter).await
     }
 
     /// Events matching `search` (error text, time range besides the list
     /// filters), newest first.
     pub async fn search(&self, search: &EventSearch) -> Result<Page, StoreError> {
-        self.inner.store.search(search).await
+        self.shared.store.search(search).await
     }
 
     /// How long `topic` stays paused by a handler's 429 + `Retry-After`
     /// if it is (as the store knows it: on SQLite, only the
     /// process that saw the 429 does).
     pub async fn paused_for(&self, topic: &str) -> Result<Option<Duration>, StoreError> {
-        self.inner.store.paused_for(topic).await
+        self.shared.store.paused_for(topic).await
     }
 
     /// How many events match `search`.
     pub async fn count(&self, search: &EventSearch) -> Result<u64, StoreError> {
-        self.inner.store.count(search).await
+        self.shared.store.count(search).await
     }
 
     /// Per topic and minute over the last `window`: received, done, failed.
     pub async fn throughput(&self, window: Duration) -> Result<Vec<Throughput>, StoreError> {
-        self.inner.store.throughput(window).await
+        self.shared.store.throughput(window).await
     }
 
     /// Whether the store answers (readiness).
     pub async fn ready(&self) -> Result<(), StoreError> {
-        self.inner.store.now().await.map(drop)
+        self.shared.store.now().await.map(drop)
     }
 
     /// The retention windows maintenance applies.
     pub fn retention(&self) -> Retention {
-        self.inner.retention
+        self.shared.retention
     }
 
     /// Drops the payloads of finished events received more than
     /// `older_than` ago, and deletes the rows past both that and the dedup
     /// window (so a purge never ends deduplication early).
     pub async fn purge(&self, older_than: Duration) -> Result<PurgeReport, StoreError> {
-        self.inner
+        self.shared
             .store
             .purge(Retention {
                 done: older_than,
                 dead: older_than,
-                dedup: self.inner.retention.dedup.max(older_than),
+                dedup: self.shared.retention.dedup.max(older_than),
             })
             .await
     }
@@ -75,14 +91,14 @@ impl Engine {
     /// [`StoreError::Purged`]: its handler would get an empty body.
     pub async fn replay(&self, id: EventId) -> Result<Event, StoreError> {
         let event = self
-            .inner
+            .shared
             .store
             .get(id)
             .await?
             .ok_or(StoreError::NotFound)?;
         let budget = self.budget(&event.topic);
-        let replayed = self.inner.store.replay(id, budget).await?;
-        self.wake(&replayed.topic);
+        let replayed = self.shared.store.replay(id, budget).await?;
+        self.shared.wake(&replayed.topic);
         Ok(replayed)
     }
 
@@ -92,7 +108,7 @@ impl Engine {
         let topics: Vec<String> = match &filter.topic {
             Some(t) => vec![t.clone()],
             None => self
-                .inner
+                .shared
                 .store
                 .stats()
                 .await?
@@ -105,13 +121,13 @@ impl Engine {
             let mut f = filter.clone();
             f.topic = Some(t.clone());
             let report = self
-                .inner
+                .shared
                 .store
                 .replay_matching(&f, self.budget(&t))
                 .await?;
             total.replayed += report.replayed;
             total.skipped_purged += report.skipped_purged;
-            self.wake(&t);
+            self.shared.wake(&t);
         }
         Ok(total)
     }
@@ -134,8 +150,8 @@ impl Engine {
             let page = self.search(&search).await?;
             let mut set = tokio::task::JoinSet::new();
             for id in page.events.iter().map(|e| e.id) {
-                let engine = self.clone();
-                set.spawn(async move { engine.replay(id).await.map(drop) });
+                let operator = self.clone();
+                set.spawn(async move { operator.replay(id).await.map(drop) });
             }
             while let Some(outcome) = set.join_next().await {
                 match outcome {
@@ -160,7 +176,7 @@ impl Engine {
     /// really blocks its key (sequential topics with `on_dead = "block"`):
     /// the store cannot know a topic's mode.
     pub async fn stats(&self) -> Result<Vec<TopicStats>, StoreError> {
-        self.inner.stats().await
+        self.shared.stats().await
     }
 
     /// Per topic, the attempts that finished in the last `window` (how many,
@@ -169,27 +185,27 @@ impl Engine {
         &self,
         window: Duration,
     ) -> Result<Vec<AttemptWindow>, StoreError> {
-        self.inner.store.attempt_window(window).await
+        self.shared.store.attempt_window(window).await
     }
 
     /// The alert thresholds this engine evaluates.
     pub fn alert_rules(&self) -> &AlertRules {
-        &self.inner.alerts
+        &self.shared.alerts
     }
 
     /// The alerts firing now, evaluated from the store's current numbers
     /// (the same on every instance sharing the store).
     pub async fn alerts(&self) -> Result<Vec<Alert>, StoreError> {
-        crate::maintenance::current_alerts(self.inner.store.as_ref(), &self.inner.alerts, None)
+        crate::maintenance::current_alerts(self.shared.store.as_ref(), &self.shared.alerts, None)
             .await
     }
 
-    /// [`Engine::alerts`] over `stats` just read with [`Engine::stats`], so a
+    /// [`Operator::alerts`] over `stats` just read with [`Operator::stats`], so a
     /// caller showing both reads them once.
     pub async fn alerts_from(&self, stats: &[TopicStats]) -> Result<Vec<Alert>, StoreError> {
         crate::maintenance::current_alerts(
-            self.inner.store.as_ref(),
-            &self.inner.alerts,
+            self.shared.store.as_ref(),
+            &self.shared.alerts,
             Some(stats),
         )
         .await
@@ -197,17 +213,17 @@ impl Engine {
 
     /// Skips a dead event so its key unblocks.
     pub async fn skip(&self, id: EventId) -> Result<Event, StoreError> {
-        let e = self.inner.store.skip(id).await?;
-        self.wake(&e.topic);
+        let e = self.shared.store.skip(id).await?;
+        self.shared.wake(&e.topic);
         Ok(e)
     }
 
     /// Cancels a pending event: it becomes `cancelled` and is
     /// never run unless replayed. A running one is a conflict.
     pub async fn cancel(&self, id: EventId) -> Result<Event, StoreError> {
-        let e = self.inner.store.cancel(id).await?;
+        let e = self.shared.store.cancel(id).await?;
         // A cancelled head of a sequential key lets the next event go.
-        self.wake(&e.topic);
+        self.shared.wake(&e.topic);
         Ok(e)
     }
 
@@ -217,7 +233,7 @@ impl Engine {
         &self,
         filter: &ListFilter,
         dry_run: bool,
-    ) -> Result<crate::answer::CancelReport, StoreError> {
+    ) -> Result<CancelReport, StoreError> {
         let pending = ListFilter {
             status: Some(mailroom_core::Status::Pending),
             ..filter.clone()
@@ -226,19 +242,23 @@ impl Engine {
             filter: pending.clone(),
             ..EventSearch::default()
         };
-        let matching = self.inner.store.count(&preview).await?;
+        let matching = self.shared.store.count(&preview).await?;
         if dry_run || matching == 0 {
-            return Ok(crate::answer::CancelReport {
+            return Ok(CancelReport {
                 matching,
                 cancelled: 0,
             });
         }
-        let cancelled = self.inner.store.cancel_matching(&pending).await?;
+        let cancelled = self.shared.store.cancel_matching(&pending).await?;
         match &filter.topic {
-            Some(t) => self.wake(t),
-            None => self.inner.topics.values().for_each(|t| t.wake.notify_one()),
+            Some(t) => self.shared.wake(t),
+            None => self
+                .shared
+                .topics
+                .values()
+                .for_each(|t| t.wake.notify_one()),
         }
-        Ok(crate::answer::CancelReport {
+        Ok(CancelReport {
             matching,
             cancelled,
         })
@@ -254,8 +274,8 @@ impl Engine {
         running: u64,
         attempts_per_second: Option<f64>,
     ) -> Result<Option<LimitsAnswer>, StoreError> {
-        let spec = self.topic(topic);
-        let paused = if self.has_handler(topic) {
+        let spec = self.shared.topic(topic);
+        let paused = if self.shared.has_handler(topic) {
             self.paused_for(topic).await?
         } else {
             None
@@ -274,22 +294,24 @@ impl Engine {
         }))
     }
 
-    /// The numbers of `GET /v1/stats` and `mailroom status`: [`Engine::stats`],
+    /// The numbers of `GET /v1/stats` and `mailroom status`: [`Operator::stats`],
     /// recent attempts and alerts read once, at `now`.
     pub async fn stats_answer(&self, now: Timestamp) -> Result<StatsAnswer, StoreError> {
         let stats = self.stats().await?;
         let alerts = self.alerts_from(&stats).await?;
         let windows = self.recent_attempts(RATE_WINDOW).await?;
         let mut by_name: BTreeMap<String, TopicStats> = self
-            .topics()
-            .map(|t| (t.name.clone(), TopicStats::default()))
+            .shared
+            .topics
+            .keys()
+            .map(|name| (name.clone(), TopicStats::default()))
             .collect();
         by_name.extend(stats.into_iter().map(|s| (s.topic.clone(), s)));
         let mut topics: Vec<TopicAnswer> = by_name
             .into_iter()
             .map(|(name, s)| TopicAnswer {
-                mode: self.topic(&name).map_or("single", |t| t.mode.name()),
-                handler: if self.has_handler(&name) {
+                mode: self.shared.topic(&name).map_or("single", |t| t.mode.name()),
+                handler: if self.shared.has_handler(&name) {
                     "built-in"
                 } else {
                     "pull"
@@ -314,7 +336,7 @@ impl Engine {
     }
 
     fn budget(&self, topic: &str) -> u32 {
-        self.inner
+        self.shared
             .topics
             .get(topic)
             .map(|t| t.spec.retry.max_attempts)
@@ -322,7 +344,7 @@ impl Engine {
     }
 }
 
-/// What [`Engine::replay_each`] has done so far.
+/// What [`Operator::replay_each`] has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReplayProgress {
     /// Events sent back to pending.
