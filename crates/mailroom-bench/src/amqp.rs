@@ -43,12 +43,14 @@ mod handwritten;
 mod lapin_only;
 mod relay_floor;
 
+use crate::cli::parse_duration;
 use crate::procfs;
 use crate::stats::fmt_times;
 use anyhow::Context;
 use lapin::{Channel, Connection, ConnectionProperties};
 use mailroom_amqp::{ExchangeSpec, ExchangeType, QueueSpec, Topology};
 use std::collections::BTreeMap;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// Where the benchmark's messages go: a topic exchange and a queue bound
@@ -316,7 +318,7 @@ async fn commit_latency() -> anyhow::Result<Duration> {
 }
 
 /// Every phase, in order; see the module doc.
-pub async fn run(settings: Settings) -> anyhow::Result<Report> {
+pub async fn measure(settings: Settings) -> anyhow::Result<Report> {
     let load_before = loadavg();
     let conn = Connection::connect(&settings.url, ConnectionProperties::default())
         .await
@@ -621,6 +623,87 @@ fn print_ratios(s: &Settings, phases: &[Phase]) {
             bound.map_or("-".into(), |b| format!("{b:.0}"))
         );
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The broker (`amqp://user:pass@host:port/vhost`); default
+    /// `$MAILROOM_TEST_AMQP_URL` (the private node of scripts/services.sh).
+    #[arg(long, env = "MAILROOM_TEST_AMQP_URL")]
+    amqp: String,
+    /// Messages per phase (inbound, relay, lapin floors).
+    #[arg(long, default_value_t = 100_000)]
+    messages: u64,
+    /// Messages of the hand-written relay. It runs at one fsync and one
+    /// confirm round trip per message, a steady rate, so a smaller backlog
+    /// measures it as well (100,000 would take about ten minutes).
+    #[arg(long, default_value_t = 5_000)]
+    handwritten_messages: u64,
+    /// Message body size in bytes (a JSON object).
+    #[arg(long, default_value_t = 1024)]
+    body_size: usize,
+    /// Prefetch values of the inbound phases.
+    #[arg(long, value_delimiter = ',', default_value = "10,256")]
+    prefetch: Vec<u16>,
+    /// Attempts in flight of the single relay topic. Default: what a
+    /// configured topic with an AMQP handler gets without setting
+    /// `concurrency` (1024, of the order of the durable relay floor's
+    /// 500 x 4 in flight: at 256 the single relay is bound by its depth,
+    /// 256 publishes awaiting confirms, not by its work; docs/src/design/amqp.md).
+    #[arg(long, default_value_t = mailroom_amqp::AmqpHandlerSpec::DEFAULT_CONCURRENCY)]
+    relay_concurrency: u32,
+    /// `max_size` of the batch relay topic (0: skip the batch relay).
+    #[arg(long, default_value_t = 500)]
+    relay_batch_size: u32,
+    /// Deliveries in flight of the batch relay topic.
+    #[arg(long, default_value_t = 4)]
+    relay_batch_concurrency: u32,
+    /// Give up on a phase after this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Only the relay phases, after one publish floor (their reference):
+    /// no inbound phase. For quick before/after rounds of the relay.
+    #[arg(long)]
+    relay_only: bool,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `amqp`: every phase on one broker, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let settings = Settings {
+        url: a.amqp,
+        messages: a.messages.max(1),
+        handwritten_messages: a.handwritten_messages.clamp(1, a.messages.max(1)),
+        body_size: a.body_size,
+        prefetch: match a.relay_only {
+            true => Vec::new(),
+            false => a.prefetch.into_iter().map(|p| p.max(1)).collect(),
+        },
+        relay_concurrency: a.relay_concurrency.max(1),
+        relay_batch_size: a.relay_batch_size,
+        relay_batch_concurrency: a.relay_batch_concurrency.max(1),
+        timeout: a.timeout,
+        relay_only: a.relay_only,
+    };
+    let report = measure(settings.clone()).await?;
+    if a.json {
+        let out = serde_json::json!({
+            "bench": "amqp",
+            "messages": settings.messages,
+            "body_size": settings.body_size,
+            "phases": report.phases,
+            "commit_latency_ms": report.commit_latency_ms,
+            "load_before": report.load_before,
+            "load_after": report.load_after,
+            "ratios": ratios(&settings, &report.phases),
+        });
+        println!("{}", serde_json::to_string(&out).context("encoding JSON")?);
+    } else {
+        print(&settings, &report);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! of the rounds' polled/alone ratios.
 
 use crate::backend::Backend;
+use crate::cli::{parse_duration, print_json};
 use crate::stats::{Latencies, fmt_ms};
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -21,6 +22,7 @@ use hyper_util::rt::TokioIo;
 use mailroom::{Draft, Engine, StoreError, TopicSpec};
 use serde::Serialize;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -79,7 +81,7 @@ fn topic(i: u64, topics: u32) -> String {
 }
 
 /// Runs the benchmark on a fresh store of `backend`.
-pub async fn run(s: &Settings, backend: &Backend) -> anyhow::Result<Report> {
+pub async fn measure_on(s: &Settings, backend: &Backend) -> anyhow::Result<Report> {
     let fresh = backend.fresh().await?;
     let opened = fresh.open(true).await?;
     let store = opened.store();
@@ -304,4 +306,51 @@ pub fn print(r: &Report) {
         r.polled_over_alone,
         (r.polled_over_alone - 1.0) * 100.0
     );
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// `sqlite`, or a PostgreSQL server (a fresh database is created and dropped).
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Events preloaded (pending, over the topics).
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Topics the events are spread over.
+    #[arg(long, default_value_t = 4)]
+    topics: u32,
+    /// Timed requests per page.
+    #[arg(long, default_value_t = 100)]
+    requests: u32,
+    /// Each intake window (one without and one with the poller per round).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    intake: Duration,
+    /// Intake rounds, alternating which window runs first.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Concurrent enqueues (preload and intake).
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `dashboard`: the pages timed and the intake windows, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let s = Settings {
+        events: a.events,
+        topics: a.topics.max(1),
+        requests: a.requests.max(1),
+        intake: a.intake,
+        concurrency: a.concurrency.max(1),
+        rounds: a.rounds.max(1),
+    };
+    let r = measure_on(&s, &a.store).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "dashboard", "result": r }))?;
+    } else {
+        print(&r);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -8,12 +8,14 @@
 //! the delayed events.
 
 use crate::backend::Backend;
+use crate::cli::print_json;
 use crate::stats::Latencies;
 use anyhow::Context;
 use mailroom::hooks::NewEvent;
 use mailroom::pull::Completion;
 use mailroom::store::ClaimRequest;
 use mailroom::{Delivery, EventId, Store, StoreError};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,7 +151,7 @@ async fn round(store: &Arc<dyn Store>, s: &Settings, delayed: u64) -> anyhow::Re
     })
 }
 
-pub async fn run(s: &Settings, backend: &Backend) -> anyhow::Result<DelayedResult> {
+pub async fn measure(s: &Settings, backend: &Backend) -> anyhow::Result<DelayedResult> {
     let fresh = backend.fresh().await?;
     let opened = fresh.open(true).await?;
     let store = opened.store();
@@ -201,4 +203,43 @@ pub fn print(s: &Settings, r: &DelayedResult) {
         "claim p50, backlog / empty: {:.2}x, again right after {:.2}x",
         r.p50_ratio, r.p50_ratio_again
     );
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// `sqlite` (a temporary file) or `postgres://...` (a fresh database).
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Events delivered a day later stored before the second round.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Due events claimed in each round.
+    #[arg(long, default_value_t = 6400)]
+    due: u64,
+    /// Events each claim asks for.
+    #[arg(long, default_value_t = 64)]
+    claim_size: u32,
+    /// Concurrent inserts.
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `delayed`: the claims timed without and beside the backlog, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let s = Settings {
+        events: a.events,
+        due: a.due.max(1),
+        claim_size: a.claim_size.max(1),
+        concurrency: a.concurrency.max(1),
+    };
+    let r = measure(&s, &a.store).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "delayed", "result": r }))?;
+    } else {
+        print(&s, &r);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -6,13 +6,59 @@
 //! highest ratio reachable here (xN / x1).
 
 use crate::backend::{self, Backend};
+use crate::cli::{durability_code, parse_duration, print_json};
+use crate::drain::DrainMode;
 use crate::drain::{self, DrainResult};
 use crate::ingest::{self, ModeResult};
 use crate::stats::fmt_times;
-use crate::{PgArgs, durability_code, print_json};
 use std::process::ExitCode;
+use std::time::Duration;
 
-pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The PostgreSQL server (superuser or CREATEDB): fresh databases are
+    /// created there for each run and dropped afterwards.
+    #[arg(long, value_parser = Backend::parse)]
+    store: Backend,
+    /// Concurrent intake requests (one keep-alive connection each).
+    #[arg(long, default_value_t = 64)]
+    ingest_concurrency: usize,
+    /// Measured intake window per target.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Intake load before the window, not measured.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Topic mode of the drain.
+    #[arg(long, default_value = "single", value_parser = DrainMode::parse)]
+    mode: DrainMode,
+    /// Skip intake (drain only).
+    #[arg(long)]
+    no_ingest: bool,
+    /// Skip drain (intake only).
+    #[arg(long)]
+    no_drain: bool,
+    /// Skip the SQLite target (PostgreSQL x1, x2 and the ceiling only).
+    #[arg(long)]
+    no_sqlite: bool,
+    /// Drain rounds (each: SQLite, PostgreSQL x1, x2); the summary gives
+    /// the medians, and the x2/x1 ratio as the median of each round's.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Also drain with this many instances in each round (3 or more): the
+    /// most this store and machine give. xN / x1 is then the highest
+    /// x2 / x1 any instance could show here.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(3..=16))]
+    ceiling: Option<u8>,
+    #[command(flatten)]
+    drain: drain::SettingsArgs,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `pg`: intake and drains on each target, then the summary.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     let Backend::Postgres { admin_url } = &a.store else {
         anyhow::bail!("pg needs --store postgres://...");
     };
@@ -58,7 +104,7 @@ pub async fn run(a: PgArgs) -> anyhow::Result<ExitCode> {
 /// Intake on each target, printed as it goes unless `--json`; whether every
 /// acknowledged event was stored.
 async fn ingest_targets(
-    a: &PgArgs,
+    a: &Args,
     targets: &[(Backend, usize)],
 ) -> anyhow::Result<(Vec<ModeResult>, bool)> {
     let mut ingests = Vec::new();
@@ -74,7 +120,7 @@ async fn ingest_targets(
             backend: b.clone(),
             instances: *n,
         };
-        let r = ingest::run(&s, Some(true)).await?;
+        let r = ingest::measure(&s, Some(true)).await?;
         if !a.json {
             ingest::print_table(&s, &r);
             println!();
@@ -88,7 +134,7 @@ async fn ingest_targets(
 /// `--rounds` drain rounds over every target (and the ceiling's N
 /// instances), each printed as it ends unless `--json`.
 async fn drain_rounds(
-    a: &PgArgs,
+    a: &Args,
     settings: &drain::Settings,
     targets: &[(Backend, usize)],
 ) -> anyhow::Result<Vec<Vec<DrainResult>>> {
@@ -96,10 +142,10 @@ async fn drain_rounds(
     for round in 0..a.rounds.max(1) {
         let mut drains = Vec::new();
         for (b, n) in targets {
-            drains.push(drain::run(settings, a.mode, b, *n).await?);
+            drains.push(drain::measure(settings, a.mode, b, *n).await?);
         }
         if let Some(n) = a.ceiling {
-            drains.push(drain::run(settings, a.mode, &a.store, n.into()).await?);
+            drains.push(drain::measure(settings, a.mode, &a.store, n.into()).await?);
         }
         if !a.json {
             if a.rounds > 1 {
@@ -216,7 +262,7 @@ impl Summary {
         })
     }
 
-    fn print(&self, a: &PgArgs, settings: &drain::Settings) {
+    fn print(&self, a: &Args, settings: &drain::Settings) {
         let medians = if self.rounds.len() > 1 {
             format!(
                 "; drain figures are medians of {} rounds, x2/x1 per round: {}",

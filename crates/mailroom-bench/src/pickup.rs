@@ -8,11 +8,13 @@
 //! not counted.
 
 use crate::backend::Backend;
+use crate::cli::{parse_duration, print_json};
 use crate::stats::Latencies;
 use anyhow::{Context, bail};
 use mailroom::handler::handler_fn;
 use mailroom::{Draft, Engine, EventId, TopicSpec};
 use std::collections::HashMap;
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -46,7 +48,7 @@ pub struct Run {
 
 type Marks = Arc<Mutex<HashMap<EventId, Instant>>>;
 
-pub async fn run(s: &Settings, backend: &Backend) -> anyhow::Result<Vec<Run>> {
+pub async fn measure(s: &Settings, backend: &Backend) -> anyhow::Result<Vec<Run>> {
     let mut out = Vec::new();
     for &rate in &s.rates {
         let fresh = backend.fresh().await?;
@@ -192,4 +194,50 @@ pub fn print(s: &Settings, runs: &[Run]) {
             }
         );
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Stores: `sqlite` and/or `postgres://...` (a fresh database per run).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite", value_parser = Backend::parse)]
+    store: Vec<Backend>,
+    /// Enqueue rates, events/s.
+    #[arg(long, value_delimiter = ',', default_value = "50,500")]
+    rates: Vec<u32>,
+    /// Measured window per rate.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Load before the window, not counted.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// The topic's concurrency.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u32,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `pickup`: every store at every rate, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let s = Settings {
+        rates: a.rates,
+        duration: a.duration,
+        warmup: a.warmup,
+        body_size: a.body_size,
+        concurrency: a.concurrency.max(1),
+    };
+    let mut runs = Vec::new();
+    for store in &a.store {
+        runs.extend(measure(&s, store).await?);
+    }
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "pickup", "runs": runs }))?;
+    } else {
+        print(&s, &runs);
+    }
+    Ok(ExitCode::SUCCESS)
 }

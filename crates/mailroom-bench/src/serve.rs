@@ -8,6 +8,7 @@
 //! gracefully when its stdin closes; then prints `COMMITS <n>` (write
 //! transactions of the store's insert writer) before exiting.
 
+use crate::cli::parse_on_off;
 use anyhow::Context;
 use mailroom::Engine;
 use mailroom_server::{ServerOptions, router, serve};
@@ -16,7 +17,31 @@ use std::sync::Arc;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-pub async fn run(url: &str, listen: &str, group_commit: bool, metrics: bool) -> anyhow::Result<()> {
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// `sqlite://FILE` or `postgres://...`.
+    #[arg(long)]
+    store: String,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    #[arg(long, value_parser = parse_on_off, default_value = "true", action = clap::ArgAction::Set)]
+    group_commit: bool,
+    #[arg(long)]
+    no_metrics: bool,
+}
+
+/// Runs `__serve` until its stdin closes.
+pub async fn run(a: Args) -> anyhow::Result<std::process::ExitCode> {
+    serve_store(&a.store, &a.listen, a.group_commit, !a.no_metrics).await?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn serve_store(
+    url: &str,
+    listen: &str,
+    group_commit: bool,
+    metrics: bool,
+) -> anyhow::Result<()> {
     let opened = crate::backend::open_url(url, group_commit).await?;
     let store: Arc<dyn mailroom::Store> = opened.store();
     store.migrate().await.context("migrating")?;

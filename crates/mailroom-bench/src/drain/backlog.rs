@@ -9,12 +9,14 @@
 
 use super::{DrainMode, Instance, Settings, TOPIC, drain_all, instance, preload_store};
 use crate::backend::{Backend, Fresh, Opened};
+use crate::cli::{parse_duration, print_json};
 use crate::counting::CallCounts;
 use crate::pgwork::DbWork;
 use anyhow::{Context, bail};
 use mailroom::OnDead;
 use mailroom::pull::Completion;
 use mailroom::store::ClaimRequest;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -77,7 +79,7 @@ pub struct BacklogResult {
     pub db: Option<DbWork>,
 }
 
-pub async fn run(s: &BacklogSettings, backend: &Backend) -> anyhow::Result<BacklogResult> {
+pub async fn measure(s: &BacklogSettings, backend: &Backend) -> anyhow::Result<BacklogResult> {
     if *backend == Backend::Sqlite {
         bail!("backlog needs --store postgres://...");
     }
@@ -329,4 +331,80 @@ pub fn print(s: &BacklogSettings, r: &BacklogResult) {
                 .map_or_else(|| "-".into(), |x| format!("{x:.2}")),
         );
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The PostgreSQL server: a fresh database is created and dropped.
+    #[arg(long, value_parser = Backend::parse)]
+    store: Backend,
+    /// Events preloaded and drained.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Topic mode of the drain.
+    #[arg(long, default_value = "single", value_parser = DrainMode::parse)]
+    mode: DrainMode,
+    /// Events per rate window (the first and the last are compared).
+    #[arg(long, default_value_t = 100_000)]
+    window: u64,
+    /// Claim statements per probe.
+    #[arg(long, default_value_t = 10)]
+    probe_claims: u32,
+    /// Events each probe claim asks for.
+    #[arg(long, default_value_t = 64)]
+    probe_size: u32,
+    /// Attempts in flight of the single and sequential topics.
+    #[arg(long, default_value_t = 256)]
+    concurrency: u32,
+    /// Ordering keys of the sequential topic.
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
+    /// The batch topic's max_size.
+    #[arg(long, default_value_t = 500)]
+    batch_size: u32,
+    /// Batch deliveries in flight.
+    #[arg(long, default_value_t = 16)]
+    batch_concurrency: u32,
+    /// Concurrent enqueues while preloading.
+    #[arg(long, default_value_t = 512)]
+    preload_concurrency: usize,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// Give up after this long.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `backlog`: one drain of a large backlog, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let s = BacklogSettings {
+        drain: Settings {
+            events: a.events.max(1),
+            concurrency: a.concurrency.max(1),
+            preload_concurrency: a.preload_concurrency.max(1),
+            body_size: a.body_size,
+            keys: a.keys.max(1),
+            batch_size: a.batch_size.max(1),
+            batch_wait: Duration::from_millis(50),
+            batch_concurrency: a.batch_concurrency.max(1),
+            timeout: a.timeout,
+            rate: None,
+            max_running: None,
+        },
+        mode: a.mode,
+        window: a.window.max(1),
+        probe_claims: a.probe_claims.max(1),
+        probe_size: a.probe_size.max(1),
+    };
+    let r = measure(&s, &a.store).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "backlog", "result": r }))?;
+    } else {
+        print(&s, &r);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -6,14 +6,13 @@
 //! store handle (own connection pool, writer, completer and `LISTEN`
 //! connection, as two processes would have), sharing this process's CPU.
 
-mod backlog;
+pub mod backlog;
 mod report;
-
-pub use backlog::{BacklogSettings, print as print_backlog, run as run_backlog};
 
 pub use report::{print_rounds, print_table};
 
 use crate::backend::{Backend, Fresh, ServerStats};
+use crate::cli::{parse_duration, parse_rate, print_json};
 use crate::counting::{CallCounts, CountingStore};
 use crate::pgwork::{self, CpuSampler, DbWork};
 use crate::procfs;
@@ -22,6 +21,7 @@ use bytes::Bytes;
 use mailroom::handler::{batch_handler_fn, handler_fn};
 use mailroom::{BatchSettings, Draft, Engine, Mode, OnDead, Status, StoreError, TopicSpec};
 use std::collections::BTreeMap;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -117,7 +117,7 @@ pub struct DrainResult {
 }
 
 /// Runs one mode on a fresh store of `backend`, which is dropped afterwards.
-pub async fn run(
+pub async fn measure(
     s: &Settings,
     mode: DrainMode,
     backend: &Backend,
@@ -518,4 +518,129 @@ pub fn medians(rounds: &[Vec<DrainResult>]) -> Vec<MedianResult> {
             }
         })
         .collect()
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Topic modes to run, each on a fresh store: single, sequential, batch.
+    #[arg(long, value_delimiter = ',', default_value = "single,sequential,batch", value_parser = DrainMode::parse)]
+    modes: Vec<DrainMode>,
+    /// `sqlite` (a temporary file) or `postgres://...`: a fresh database is
+    /// created on that server for each mode and dropped afterwards.
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Engines draining the store at once, each with its own store handle
+    /// (PostgreSQL only).
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Run every mode this many times, in rounds (single, sequential,
+    /// batch, single, ...), and report each round's ratios and their
+    /// medians: on a noisy machine one round can be off by 30%.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    #[command(flatten)]
+    drain: SettingsArgs,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SettingsArgs {
+    /// Events to preload and drain.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: u64,
+    /// Attempts in flight of the single and sequential topics.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: u32,
+    /// Ordering keys of the sequential topic (events spread round-robin).
+    #[arg(long, default_value_t = 1000)]
+    pub keys: u64,
+    /// The batch topic's max_size.
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: u32,
+    /// The batch topic's max_wait.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub batch_wait: Duration,
+    /// Batch deliveries in flight (the batch topic's concurrency).
+    #[arg(long, default_value_t = 16)]
+    pub batch_concurrency: u32,
+    /// Concurrent enqueues while preloading.
+    #[arg(long, default_value_t = 512)]
+    pub preload_concurrency: usize,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 256)]
+    pub body_size: usize,
+    /// Give up after this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// The single and sequential topics' `rate` ("500/s"): the drain's
+    /// events/s against it is the rate's accuracy.
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<mailroom::Rate>,
+    /// The single and sequential topics' `max_running`.
+    #[arg(long)]
+    pub max_running: Option<u32>,
+}
+
+impl SettingsArgs {
+    pub fn settings(&self) -> Settings {
+        Settings {
+            events: self.events,
+            concurrency: self.concurrency.max(1),
+            preload_concurrency: self.preload_concurrency.max(1),
+            body_size: self.body_size,
+            keys: self.keys.max(1),
+            batch_size: self.batch_size.max(1),
+            batch_wait: self.batch_wait,
+            batch_concurrency: self.batch_concurrency.max(1),
+            timeout: self.timeout,
+            rate: self.rate,
+            max_running: self.max_running,
+        }
+    }
+}
+
+/// Runs `drain`: every mode, `--rounds` times, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let settings = a.drain.settings();
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let mut round = Vec::new();
+        for mode in &a.modes {
+            round.push(measure(&settings, *mode, &a.store, a.instances).await?);
+        }
+        rounds.push(round);
+    }
+    if rounds.len() > 1 {
+        if a.json {
+            print_json(&serde_json::json!({
+                "bench": "drain",
+                "rounds": rounds,
+                "median": medians(&rounds),
+            }))?;
+        } else {
+            print_rounds(&settings, &rounds);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let results = rounds.remove(0);
+    if a.json {
+        let ratios: Vec<Option<f64>> = results
+            .iter()
+            .map(|r| ratio_vs_single(&results, r))
+            .collect();
+        print_json(&serde_json::json!({
+            "bench": "drain",
+            "concurrency": settings.concurrency,
+            "keys": settings.keys,
+            "batch_size": settings.batch_size,
+            "batch_wait_secs": settings.batch_wait.as_secs_f64(),
+            "modes": results,
+            "ratio_vs_single": ratios,
+        }))?;
+    } else {
+        print_table(&settings, &results);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -13,8 +13,10 @@
 
 use super::FloorResult;
 use crate::backend::Backend;
+use crate::cli::print_json;
 use crate::drain::{DrainMode, DrainResult, Settings, median};
 use crate::pgwork::DbWork;
+use std::process::ExitCode;
 
 /// One round's four drains.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -40,8 +42,8 @@ pub async fn round(s: &Settings, store: &Backend) -> anyhow::Result<Round> {
         !matches!(store, Backend::Sqlite),
         "heads-floor needs --store postgres://…"
     );
-    let single = crate::drain::run(s, DrainMode::Single, store, 1).await?;
-    let sequential = crate::drain::run(s, DrainMode::Sequential, store, 1).await?;
+    let single = crate::drain::measure(s, DrainMode::Single, store, 1).await?;
+    let sequential = crate::drain::measure(s, DrainMode::Sequential, store, 1).await?;
     let floor = super::postgres::run(store, s.events, s.concurrency, s.body_size).await?;
     let heads_floor =
         super::postgres::run_heads(store, s.events, s.concurrency, s.keys, s.body_size).await?;
@@ -131,4 +133,23 @@ pub fn print(s: &Settings, store: &Backend, rounds: &[Round]) {
         m.single_vs_floor * 100.0,
         m.sequential_vs_floor * 100.0,
     );
+}
+
+/// Runs `heads-floor`: `--rounds` rounds of the engine's drains and the raw floors, then the table or JSON.
+pub async fn run(a: super::Args) -> anyhow::Result<ExitCode> {
+    let settings = a.drain.settings();
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        rounds.push(round(&settings, &a.store).await?);
+    }
+    if a.json {
+        print_json(&serde_json::json!({
+            "bench": "heads-floor",
+            "rounds": rounds,
+            "median": medians(&rounds),
+        }))?;
+    } else {
+        print(&settings, &a.store, &rounds);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -23,9 +23,12 @@ pub mod heads;
 pub mod postgres;
 
 use crate::backend::Backend;
+use crate::cli::print_json;
+use crate::drain::{self, DrainMode};
 use crate::pgwork::DbWork;
 use anyhow::Context;
 use rusqlite::Connection;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// One round's figures.
@@ -64,7 +67,11 @@ struct Row {
 }
 
 /// Runs one round on a fresh SQLite file.
-pub async fn run(events: u64, max_size: u32, body_size: usize) -> anyhow::Result<FloorResult> {
+pub async fn measure_sqlite(
+    events: u64,
+    max_size: u32,
+    body_size: usize,
+) -> anyhow::Result<FloorResult> {
     let fresh = Backend::Sqlite.fresh().await?;
     // The store creates the schema; then it is closed and this thread is
     // the only writer.
@@ -332,4 +339,47 @@ fn print_db_work(rounds: &[Round]) {
             work(r.raw.db.as_ref()),
         );
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Rounds (each: engine single, engine batch, raw floor); the summary
+    /// gives the medians of each round's ratios to `single`.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// `sqlite` (a temporary file) or `postgres://...` (fresh databases on
+    /// that server, dropped afterwards).
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    #[command(flatten)]
+    drain: crate::drain::SettingsArgs,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `floor`: `--rounds` rounds of single, batch and the raw floor, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let settings = a.drain.settings();
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let single = drain::measure(&settings, DrainMode::Single, &a.store, 1).await?;
+        let batch = drain::measure(&settings, DrainMode::Batch, &a.store, 1).await?;
+        let (events, max_size, body) = (settings.events, settings.batch_size, settings.body_size);
+        let raw = match &a.store {
+            Backend::Sqlite => measure_sqlite(events, max_size, body).await?,
+            pg => postgres::run(pg, events, max_size, body).await?,
+        };
+        rounds.push(Round { single, batch, raw });
+    }
+    if a.json {
+        print_json(&serde_json::json!({
+            "bench": "floor",
+            "rounds": rounds,
+            "median": medians(&rounds),
+        }))?;
+    } else {
+        print(&settings, &a.store, &rounds);
+    }
+    Ok(ExitCode::SUCCESS)
 }

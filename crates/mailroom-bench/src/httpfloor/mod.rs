@@ -19,6 +19,7 @@ pub mod raw;
 pub mod receiver;
 
 use crate::backend::Backend;
+use crate::cli::{parse_duration, print_json};
 use crate::procfs;
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -26,6 +27,7 @@ use mailroom::handler::http::{HttpHandler, HttpHandlerSettings};
 use mailroom::{Draft, Engine, Status, StoreError, TopicSpec};
 use receiver::Receiver;
 use std::collections::BTreeMap;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -141,7 +143,7 @@ fn load() -> String {
         .unwrap_or_default()
 }
 
-pub async fn run(s: &Settings) -> anyhow::Result<Report> {
+pub async fn measure(s: &Settings) -> anyhow::Result<Report> {
     let load_before = load();
     let shutdown = CancellationToken::new();
     // As `mailroom serve` runs: the recorder every metric goes to.
@@ -497,4 +499,60 @@ pub fn print(s: &Settings, r: &Report) {
     if r.unsigned > 0 {
         println!("WARNING: {} requests came without a signature", r.unsigned);
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Events each floor and mailroom phase delivers.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Concurrencies (attempts in flight; the floor's loops); the first is
+    /// the topic default.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+    concurrency: Vec<u32>,
+    /// Events of the Python deliverer (0: skip it).
+    #[arg(long, default_value_t = 10_000)]
+    python_events: u64,
+    /// Worker threads (one keep-alive connection each) of the Python deliverer.
+    #[arg(long, default_value_t = 16)]
+    python_concurrency: u32,
+    /// Payload size in bytes (a JSON object).
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// Threads of the receiver.
+    #[arg(long, default_value_t = 1)]
+    receiver_threads: usize,
+    /// How long the receiver-alone phase runs.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    receiver_alone: Duration,
+    /// Give up on a phase after this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `http-floor`: the floor, mailroom and Python phases, then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let s = Settings {
+        events: a.events.max(1),
+        concurrency: match a.concurrency.is_empty() {
+            true => vec![mailroom::TopicSpec::DEFAULT_CONCURRENCY],
+            false => a.concurrency.into_iter().map(|c| c.max(1)).collect(),
+        },
+        python_events: a.python_events,
+        python_concurrency: a.python_concurrency.max(1),
+        body_size: a.body_size,
+        receiver_threads: a.receiver_threads.max(1),
+        receiver_alone: a.receiver_alone,
+        timeout: a.timeout,
+    };
+    let r = measure(&s).await?;
+    if a.json {
+        print_json(&serde_json::json!({ "bench": "http-floor", "result": r }))?;
+    } else {
+        print(&s, &r);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ mod report;
 pub use report::print_table;
 
 use crate::backend::{Backend, Fresh, ServerStats};
+use crate::cli::{durability_code, parse_duration, parse_on_off, print_json};
 use crate::procfs;
 use anyhow::bail;
 use bytes::Bytes;
@@ -20,6 +21,7 @@ use mailroom::Engine;
 use probe::{CpuProbe, CpuShares, RssSampler};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,7 +96,7 @@ impl ModeResult {
     }
 }
 
-pub async fn run(s: &Settings, only: Option<bool>) -> anyhow::Result<Vec<ModeResult>> {
+pub async fn measure(s: &Settings, only: Option<bool>) -> anyhow::Result<Vec<ModeResult>> {
     if s.instances > 1 && s.backend == Backend::Sqlite {
         bail!("several instances need a shared database: give --store postgres://...");
     }
@@ -327,6 +329,74 @@ pub fn ratio(results: &[ModeResult]) -> Option<f64> {
     let on = results.iter().find(|r| r.group_commit)?;
     let off = results.iter().find(|r| !r.group_commit)?;
     (off.acks_per_sec > 0.0).then(|| on.acks_per_sec / off.acks_per_sec)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Concurrent requests (one keep-alive connection each).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Measured window per mode.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Load before the window, not measured.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Request body size in bytes (a JSON object).
+    #[arg(long, default_value_t = 256)]
+    body_size: usize,
+    /// Run one mode only: `on` (group commit) or `off` (commit per request).
+    #[arg(long, value_parser = parse_on_off)]
+    only: Option<bool>,
+    /// Experiment: skip HTTP and call the engine's webhook intake in-process.
+    #[arg(long)]
+    direct: bool,
+    /// Experiment: run mailroom without the Prometheus recorder.
+    #[arg(long)]
+    no_metrics: bool,
+    /// `sqlite` (a temporary file) or `postgres://...`: a fresh database is
+    /// created on that server for each mode and dropped afterwards.
+    #[arg(long, default_value = "sqlite", value_parser = Backend::parse)]
+    store: Backend,
+    /// Child mailroom processes sharing the store (PostgreSQL only);
+    /// connections go to them round-robin.
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ingest`: both modes (or `--only` one), then the table or JSON.
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let settings = Settings {
+        concurrency: a.concurrency.max(1),
+        duration: a.duration,
+        warmup: a.warmup,
+        body_size: a.body_size,
+        direct: a.direct,
+        no_metrics: a.no_metrics,
+        backend: a.store,
+        instances: a.instances.max(1),
+    };
+    let results = measure(&settings, a.only).await?;
+    if a.json {
+        print_json(&serde_json::json!({
+            "bench": "ingest",
+            "concurrency": settings.concurrency,
+            "duration_secs": settings.duration.as_secs_f64(),
+            "body_size": settings.body_size,
+            "direct": settings.direct,
+            "store": settings.backend.name(),
+            "instances": settings.instances,
+            "metrics": !settings.no_metrics,
+            "modes": results,
+            "ratio": ratio(&results),
+        }))?;
+    } else {
+        print_table(&settings, &results);
+    }
+    Ok(durability_code(results.iter().all(ModeResult::durable)))
 }
 
 #[cfg(test)]
