@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0013_cheaper_counter_trigger.sql"),
     include_str!("../migrations/0014_queue_keys_not_running.sql"),
     include_str!("../migrations/0015_compatible_from.sql"),
+    include_str!("../migrations/0016_outbox_correlation.sql"),
 ];
 
 /// The migrations' count and compatibility marks (see
@@ -46,6 +47,9 @@ const SCHEMA: Migrations = Migrations {
     compatible: &[
         // Builds of 14 never read the column.
         (15, 14),
+        // New optional arguments of `mailroom.enqueue`; builds of 15 call
+        // it with the old ones.
+        (16, 15),
     ],
 };
 

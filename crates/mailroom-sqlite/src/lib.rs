@@ -22,7 +22,8 @@
 //!
 //! An application sharing the database file enqueues an event in the same
 //! transaction as its business write with [`OUTBOX_INSERT`] (named
-//! parameters `:topic`, `:type`, `:key`, `:payload`, `:dedup_key`). Rollback
+//! parameters `:topic`, `:type`, `:key`, `:payload`, `:dedup_key`, and
+//! optionally `:correlation_id` and `:causation_id`). Rollback
 //! leaves nothing; after commit a running `mailroom serve` picks the event up
 //! within its polling interval (1 s). A repeated `:dedup_key` is ignored.
 //! Nothing checks the row against its topic's rules at INSERT time: a NULL
@@ -69,14 +70,19 @@ pub use options::SqliteOptions;
 /// random id (mailroom orders events by arrival, not by id). Optional
 /// (NULL or left unbound means the default): `:deliver_at`, not
 /// claimed before this instant (milliseconds since the Unix epoch; default
-/// now), and `:priority` (integer, higher first; default 0).
+/// now), `:priority` (integer, higher first; default 0), and
+/// `:correlation_id` and `:causation_id`, stored and given to handlers; a
+/// follow-up that names its cause (`:causation_id`, the causing event's
+/// id) and no correlation id keeps the cause's correlation id.
 pub const OUTBOX_INSERT: &str = "\
 INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts, max_attempts,
                     next_attempt_at, received_at, content_type, payload, priority,
-                    held_until, ready_at)
+                    held_until, ready_at, correlation_id, causation_id)
 SELECT id, 'outbox', :topic, :dedup_key, :key, :type, 'pending', 0, 15,
        COALESCE(:deliver_at, now), now, 'application/json', :payload, COALESCE(:priority, 0),
-       CASE WHEN :deliver_at > now THEN :deliver_at END, COALESCE(:deliver_at, now)
+       CASE WHEN :deliver_at > now THEN :deliver_at END, COALESCE(:deliver_at, now),
+       COALESCE(:correlation_id, (SELECT c.correlation_id FROM events c WHERE c.id = :causation_id)),
+       :causation_id
 FROM (SELECT
     lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' ||
           substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6))) AS id,

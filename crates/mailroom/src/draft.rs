@@ -96,6 +96,18 @@ impl Draft {
         self
     }
 
+    /// A follow-up of `cause` (the event a handler is running): caused by
+    /// it (`causation_id` = its id) and in its flow (its correlation id,
+    /// when it has one). A correlation id set afterwards replaces the
+    /// cause's.
+    pub fn follows(mut self, cause: &mailroom_core::Event) -> Self {
+        self.causation_id = Some(cause.id.to_string());
+        if let Some(c) = &cause.correlation_id {
+            self.correlation_id = Some(c.clone());
+        }
+        self
+    }
+
     /// The W3C `traceparent` the event arrived with, to be forwarded (as a
     /// child) to every handler call. A malformed one is ignored, per the
     /// W3C recommendation: the event is still taken, without a trace.

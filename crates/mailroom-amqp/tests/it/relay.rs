@@ -99,6 +99,69 @@ async fn a_postgres_outbox_commit_is_published_once_and_a_rollback_never() {
     delete(&conn, &[queue], &[exchange]).await;
 }
 
+/// Correlation through the outbox to the broker: an event enqueued with
+/// `correlation_id` and `causation_id` is published with AMQP's
+/// `correlation_id`, the `mailroom-causation-id` header and both in the
+/// envelope; its follow-up, enqueued naming only its cause, arrives in the
+/// same correlation, caused by the first event.
+#[tokio::test]
+async fn outbox_correlation_reaches_the_broker_and_follow_ups_keep_it() {
+    let url = mailroom_testkit::fresh_postgres_db().await;
+    let store = mailroom::open_store(&url, true).await.expect("open");
+    store.migrate().await.expect("migrate");
+    let conn = connect().await;
+    let (exchange, queue) = exchange_and_queue(&conn, &unique("pg-corr"), "payment.*").await;
+    let mut spec = AmqpHandlerSpec::new(&exchange, "{type}");
+    spec.envelope = true;
+    let poll = Duration::from_secs(10);
+    let (engine, stop) = relay_on(store, &conn, TopicSpec::new("payments"), spec, poll).await;
+    let mut app = sqlx::PgConnection::connect(&url)
+        .await
+        .expect("app connection");
+
+    let first: String = sqlx::query_scalar(
+        "SELECT mailroom.enqueue('payments', 'payment.created', 'customer-7', '{\"amount\": 42}',
+                                 'p-1', correlation_id => 'flow-42', causation_id => 'cmd-1')::text",
+    )
+    .fetch_one(&mut app)
+    .await
+    .expect("mailroom.enqueue with ids");
+    let second: String = sqlx::query_scalar(
+        "SELECT mailroom.enqueue('payments', 'payment.settled', 'customer-7', '{\"amount\": 42}',
+                                 'p-2', causation_id => $1)::text",
+    )
+    .bind(&first)
+    .fetch_one(&mut app)
+    .await
+    .expect("mailroom.enqueue of the follow-up");
+    eventually(15, "both events are published", || async {
+        events(&engine, Status::Done).await.len() == 2
+    })
+    .await;
+    stop.cancel();
+
+    let mut got = drain(&conn, &queue).await;
+    got.sort_by_key(|m| m.properties.message_id().as_ref().map(|s| s.to_string()));
+    assert_eq!(got.len(), 2);
+    let causes = [("cmd-1".to_string(), first.clone()), (first, second)];
+    for (msg, (cause, id)) in got.iter().zip(causes) {
+        let p = &msg.properties;
+        assert_eq!(
+            p.correlation_id().as_ref().map(|s| s.as_str()),
+            Some("flow-42")
+        );
+        assert_eq!(
+            header(p, "mailroom-causation-id"),
+            Some(&AMQPValue::LongString(cause.as_str().into()))
+        );
+        let body: Value = serde_json::from_slice(&msg.data).expect("JSON envelope");
+        assert_eq!(body["eventId"], id);
+        assert_eq!(body["correlationId"], "flow-42");
+        assert_eq!(body["causationId"], cause);
+    }
+    delete(&conn, &[queue], &[exchange]).await;
+}
+
 /// Runs the SQLite outbox INSERT for `dedup_key` in a transaction of the
 /// application's own connection to the database file, then commits or rolls back.
 fn sqlite_enqueue(path: &std::path::Path, dedup_key: &str, commit: bool) {

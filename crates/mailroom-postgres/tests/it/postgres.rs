@@ -193,6 +193,100 @@ async fn outbox_enqueue_follows_the_application_transaction() {
     assert!(a < b, "UUIDv7 ids sort by time");
 }
 
+/// Correlation through the outbox: `correlation_id` and `causation_id`
+/// given to `mailroom.enqueue` (or [`enqueue_correlated`]) are stored; a
+/// follow-up naming only its cause keeps the cause's correlation id, an
+/// explicit one wins, and a causation id that is no event id is stored as
+/// given with no correlation.
+///
+/// [`enqueue_correlated`]: mailroom_postgres::outbox::enqueue_correlated
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_correlation_is_stored_and_follow_ups_keep_it() {
+    use mailroom_postgres::outbox::{Correlation, Scheduling, enqueue_correlated};
+    let (url, store) = fresh(true).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    /// Enqueues `dedup` with `correlation` and reads back the event's id
+    /// and its stored correlation and causation ids.
+    async fn enqueue(
+        conn: &mut sqlx::PgConnection,
+        store: &PostgresStore,
+        dedup: &str,
+        correlation: Correlation,
+    ) -> (uuid::Uuid, Option<String>, Option<String>) {
+        let payload = serde_json::json!({"order": 7});
+        let id = enqueue_correlated(
+            conn,
+            "orders",
+            "order.placed",
+            None,
+            &payload,
+            Some(dedup),
+            Scheduling::default(),
+            &correlation,
+        )
+        .await
+        .unwrap();
+        let e = store.get(EventId(id)).await.unwrap().unwrap();
+        (id, e.correlation_id, e.causation_id)
+    }
+    let (root, corr, cause) = enqueue(
+        &mut conn,
+        &store,
+        "o-1",
+        Correlation {
+            correlation_id: Some("flow-1".into()),
+            causation_id: Some("cmd-9".into()),
+        },
+    )
+    .await;
+    assert_eq!(
+        (corr.as_deref(), cause.as_deref()),
+        (Some("flow-1"), Some("cmd-9"))
+    );
+
+    let (child, corr, cause) = enqueue(&mut conn, &store, "o-2", Correlation::follows(root)).await;
+    assert_eq!(
+        corr.as_deref(),
+        Some("flow-1"),
+        "a follow-up keeps the correlation"
+    );
+    assert_eq!(cause, Some(root.to_string()));
+
+    // Named notation from SQL, two generations down.
+    let grandchild: String = sqlx::query_scalar(
+        "SELECT mailroom.enqueue('orders', 'order.shipped', NULL, '{}', 'o-3',
+                                 causation_id => $1)::text",
+    )
+    .bind(child.to_string())
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let e = store
+        .get(EventId::parse_stored(&grandchild).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.correlation_id.as_deref(), Some("flow-1"));
+
+    let explicit = Correlation {
+        correlation_id: Some("flow-2".into()),
+        causation_id: Some(root.to_string()),
+    };
+    let (_, corr, _) = enqueue(&mut conn, &store, "o-4", explicit).await;
+    assert_eq!(
+        corr.as_deref(),
+        Some("flow-2"),
+        "an explicit correlation id wins"
+    );
+
+    let not_an_event = Correlation {
+        correlation_id: None,
+        causation_id: Some("order-77".into()),
+    };
+    let (_, corr, cause) = enqueue(&mut conn, &store, "o-5", not_an_event).await;
+    assert_eq!((corr, cause.as_deref()), (None, Some("order-77")));
+}
+
 /// An insert through another store (another connection, another instance)
 /// wakes a subscriber within 100 ms; so does an outbox commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,8 +118,12 @@ pub fn build_event(
         dedup_key,
         key,
         event_type,
-        correlation_id: header("x-correlation-id").or_else(|| header("x-request-id")),
-        causation_id: header("x-causation-id"),
+        // `mailroom-correlation-id` first: what an HTTP handler of another
+        // mailroom sends, so a flow keeps its id from one to the next.
+        correlation_id: header("mailroom-correlation-id")
+            .or_else(|| header("x-correlation-id"))
+            .or_else(|| header("x-request-id")),
+        causation_id: header("mailroom-causation-id").or_else(|| header("x-causation-id")),
         // W3C Trace Context: a malformed traceparent is ignored, not refused.
         traceparent: header("traceparent")
             .and_then(|v| mailroom_core::TraceParent::parse(&v))
@@ -331,5 +335,26 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("c9"));
         assert_eq!(e.correlation_id.as_deref(), Some("corr"));
         assert_eq!(e.content_type.as_deref(), Some("application/json"));
+    }
+
+    /// The correlation id an HTTP handler sends (`mailroom-correlation-id`)
+    /// wins over the generic headers, so a flow keeps its id across two
+    /// mailroom instances; `mailroom-causation-id` is read too.
+    #[test]
+    fn mailroom_correlation_headers_win_over_generic_ones() {
+        let s = SourceSpec::new("s", "t");
+        let e = build(
+            &s,
+            &[
+                ("x-correlation-id", "generic"),
+                ("x-request-id", "request"),
+                ("mailroom-correlation-id", "flow-7"),
+                ("mailroom-causation-id", "cause-3"),
+            ],
+            r#"{"id":"1"}"#,
+        )
+        .unwrap();
+        assert_eq!(e.correlation_id.as_deref(), Some("flow-7"));
+        assert_eq!(e.causation_id.as_deref(), Some("cause-3"));
     }
 }

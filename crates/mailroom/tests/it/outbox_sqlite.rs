@@ -161,3 +161,125 @@ async fn the_outbox_insert_takes_priority_and_deliver_at() {
     assert_eq!(dedup(&later), ["later"]);
     assert_eq!(later[0].event.priority, 9);
 }
+
+/// The SQLite outbox INSERT's `:correlation_id` and `:causation_id` are
+/// stored and handed to the handler; a follow-up naming only its cause (the
+/// causing event's id) keeps the cause's correlation id, and one built
+/// with `Draft::follows` in a closure handler does too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_correlation_is_handed_to_handlers_and_kept_by_follow_ups() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("app.db");
+    let store = mailroom::open_store(&format!("sqlite://{}", path.display()), true)
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    let delivered: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let engine = Arc::new(std::sync::OnceLock::<Engine>::new());
+    let built = Engine::builder(store.clone())
+        .topic(TopicSpec::new("orders"))
+        .topic(TopicSpec::new("invoices"))
+        .poll_interval(Duration::from_millis(50))
+        .handler("orders", {
+            let engine = engine.clone();
+            handler_fn(move |e: Event| {
+                let engine = engine.clone();
+                async move {
+                    // The handler's follow-up, in the order's flow.
+                    let Some(engine) = engine.get() else {
+                        return Outcome::retry("engine not set");
+                    };
+                    let draft = mailroom::Draft::json("invoices", &serde_json::json!({}))
+                        .dedup_key(format!("invoice-for-{}", e.dedup_key))
+                        .follows(&e);
+                    match engine.enqueue(draft).await {
+                        Ok(_) => Outcome::Success,
+                        Err(err) => Outcome::retry(err.to_string()),
+                    }
+                }
+            })
+        })
+        .handler("invoices", {
+            let delivered = delivered.clone();
+            handler_fn(move |e: Event| {
+                let delivered = delivered.clone();
+                async move {
+                    delivered.lock().expect("lock").push(e);
+                    Outcome::Success
+                }
+            })
+        })
+        .build()
+        .expect("engine");
+    engine.set(built.clone()).expect("set once");
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { built.run(shutdown).await }
+    });
+
+    let conn = rusqlite::Connection::open(&path).expect("app connection");
+    conn.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    let insert = |topic: &str, dedup: &str, correlation: Option<&str>, cause: Option<&str>| {
+        conn.execute(
+            mailroom_sqlite::OUTBOX_INSERT,
+            rusqlite::named_params! {
+                ":topic": topic,
+                ":type": "order.placed",
+                ":key": None::<String>,
+                ":payload": "{}",
+                ":dedup_key": dedup,
+                ":correlation_id": correlation,
+                ":causation_id": cause,
+            },
+        )
+        .expect("outbox insert");
+        conn.query_row("SELECT id FROM events WHERE dedup_key = ?1", [dedup], |r| {
+            r.get::<_, String>(0)
+        })
+        .expect("the stored id")
+    };
+    let order = insert("orders", "o-1", Some("flow-1"), Some("cmd-9"));
+    // The application's own follow-up of the order, naming only its cause.
+    insert("invoices", "i-app", None, Some(&order));
+    insert("invoices", "i-own", Some("flow-2"), Some(&order));
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while delivered.lock().expect("lock").len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the invoices were not all delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    let mut got: Vec<(String, Option<String>, Option<String>)> = delivered
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|e| {
+            (
+                e.dedup_key.clone(),
+                e.correlation_id.clone(),
+                e.causation_id.clone(),
+            )
+        })
+        .collect();
+    got.sort();
+    let flow = |c: &str| Some(c.to_string());
+    assert_eq!(
+        got,
+        [
+            ("i-app".into(), flow("flow-1"), flow(&order)),
+            ("i-own".into(), flow("flow-2"), flow(&order)),
+            ("invoice-for-o-1".into(), flow("flow-1"), flow(&order)),
+        ]
+    );
+    let stored = store
+        .get(mailroom::EventId::parse_stored(&order).expect("id"))
+        .await
+        .expect("get")
+        .expect("the order");
+    assert_eq!(stored.causation_id.as_deref(), Some("cmd-9"));
+}
