@@ -18,10 +18,10 @@ pub(crate) const NEXT_DUE: &str = include_str!("sql/next_due.sql");
 /// event past the bound cannot be claimed until the walk reaches it, so
 /// it does not count here either (`docs/src/design/sequential.md`).
 /// Scheduled rows count by their due time.
-pub(crate) const NEXT_DUE_BY_KEY: &str = include_str!("sql/next_due_by_key.sql");
+pub(crate) const NEXT_DUE_BY_KEY: &str = statement_around_dead!("next_due_by_key", " ");
 /// [`NEXT_DUE_BY_KEY`] for `on_dead = skip`: a dead event is no key's head.
 pub(crate) const NEXT_DUE_BY_KEY_SKIP_DEAD: &str =
-    include_str!("sql/next_due_by_key_skip_dead.sql");
+    statement_around_dead!("next_due_by_key", " AND f.state <> 'dead'");
 
 /// Sequential topics: the database's time if a head that is due lies
 /// among the first `$2` pending events of topic `$1` in claim order (the
@@ -30,10 +30,10 @@ pub(crate) const NEXT_DUE_BY_KEY_SKIP_DEAD: &str =
 /// such head, where [`NEXT_DUE_BY_KEY`] looks up every key: a claim that
 /// came back short asks for the next due time at once, and when keys it
 /// found running have finished since, the answer is "now".
-pub(crate) const DUE_HEAD_IN_WALK: &str = include_str!("sql/due_head_in_walk.sql");
+pub(crate) const DUE_HEAD_IN_WALK: &str = statement_around_dead!("due_head_in_walk", " ");
 /// [`DUE_HEAD_IN_WALK`] for `on_dead = skip`.
 pub(crate) const DUE_HEAD_IN_WALK_SKIP_DEAD: &str =
-    include_str!("sql/due_head_in_walk_skip_dead.sql");
+    statement_around_dead!("due_head_in_walk", " AND p.state <> 'dead'");
 
 /// The earliest due time of an event a claim could take; `window` is the
 /// bound of a sequential topic's next walk (unused for other topics). A

@@ -75,10 +75,10 @@ pub(crate) const PROMOTE: &str = include_str!("sql/promote.sql");
 /// and pruning from the rows every claim and completion leaves behind
 /// meanwhile: holding the lock for 100 ms against a waiting instance cost
 /// two instances 1.46× the database CPU per event.
-pub(crate) const WALK: &str = include_str!("sql/walk.sql");
+pub(crate) const WALK: &str = statement_around_dead!("walk", " ");
 /// [`WALK`] for `on_dead = skip`: a dead event of a key does not hold
 /// back the events after it.
-pub(crate) const WALK_SKIP_DEAD: &str = include_str!("sql/walk_skip_dead.sql");
+pub(crate) const WALK_SKIP_DEAD: &str = statement_around_dead!("walk", " AND p.state <> 'dead'");
 
 /// Past the walk's bound: claims the heads of keys that are due and not
 /// expired (`$3`), in arrival order, at most `$2`. `$1` topic, `$4` lease,
@@ -94,9 +94,10 @@ pub(crate) const WALK_SKIP_DEAD: &str = include_str!("sql/walk_skip_dead.sql");
 /// Spelled (`= ANY` for the topic, a range `>= key AND <= key` for the
 /// key) so that only `queue_keys (topic, key, seq)` yields the orders
 /// asked for, whatever the statistics say (`docs/src/design/sequential.md`).
-pub(crate) const HEADS_BY_KEY: &str = include_str!("sql/heads_by_key.sql");
+pub(crate) const HEADS_BY_KEY: &str = statement_around_dead!("heads_by_key", " ");
 /// [`HEADS_BY_KEY`] for `on_dead = skip`: dead events are no key's head.
-pub(crate) const HEADS_BY_KEY_SKIP_DEAD: &str = include_str!("sql/heads_by_key_skip_dead.sql");
+pub(crate) const HEADS_BY_KEY_SKIP_DEAD: &str =
+    statement_around_dead!("heads_by_key", " AND f.state <> 'dead'");
 
 /// Past the walk's bound: claims due keyless events (independent; only the
 /// outbox can store them in a sequential topic), at most `$2`, not expired

@@ -5,7 +5,9 @@
 //! store keeps between claims (floors, sparse heads, the sequential
 //! claimers, the last starvation raise) and the limits (`rate`,
 //! `max_running`) around a claim. Each path has its file and its
-//! statements, plain SQL in `sql/`, one file per statement:
+//! statements, plain SQL in `sql/`, one file per statement (a sequential
+//! statement and its `on_dead = skip` twin share one, in two parts: see
+//! [`statement_around_dead!`]):
 //!
 //! - [`independent`]: topics without `per_key`, one statement a claim,
 //!   from the topic's floor ([`floor`]) or its start;
@@ -17,6 +19,21 @@
 //! Why the statements are spelled as they are is told in
 //! `docs/src/design/postgres.md` and `docs/src/design/sequential.md`; the
 //! plan tests (`sql/plans.rs`) keep them so.
+
+/// A sequential statement and its `on_dead = skip` twin from one source:
+/// `sql/NAME.1.sql`, then `$dead`, then `sql/NAME.2.sql`. The statements
+/// differ only where the parts meet: what lets a dead event of a key
+/// pass (`" AND p.state <> 'dead'"`) for `on_dead = skip`, a space where
+/// a dead event holds its key back.
+macro_rules! statement_around_dead {
+    ($name:literal, $dead:literal) => {
+        concat!(
+            include_str!(concat!("sql/", $name, ".1.sql")),
+            $dead,
+            include_str!(concat!("sql/", $name, ".2.sql")),
+        )
+    };
+}
 
 pub(crate) mod claimer;
 pub(crate) mod due;

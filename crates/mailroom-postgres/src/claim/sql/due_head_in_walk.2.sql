@@ -1,0 +1,2 @@
+)) AND (e.key IS NULL OR NOT EXISTS (SELECT 1 FROM mailroom.queue r
+             WHERE r.topic = e.topic AND r.key = e.key AND r.state = 'running'))) THEN (extract(epoch FROM now()) * 1000000)::int8 END
