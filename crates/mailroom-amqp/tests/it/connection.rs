@@ -1,4 +1,4 @@
-use crate::{connect, consumers, delete, eventually, ready, sqlite_store, unique};
+use crate::{connect, consumers, delete, ready, sqlite_store, unique};
 use mailroom::operate::ListFilter;
 use mailroom::{Backoff, Draft, Engine, RetryPolicy, Status, TopicSpec};
 use mailroom_amqp::connection::CLOSE_GRACE;
@@ -7,6 +7,7 @@ use mailroom_amqp::{
     AmqpConnection, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec, ExchangeSpec,
     ExchangeType, QueueSpec, Topology,
 };
+use mailroom_testkit::harness::eventually;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -168,7 +169,10 @@ async fn relay_and_consumer_heal_after_the_connection_is_cut() {
     tokio::spawn(connection.run(stop.clone()));
     let (e, s) = (engine.clone(), stop.clone());
     tokio::spawn(async move { e.run(s).await });
-    eventually(10, "the connection is up", || async { status.is_up() }).await;
+    eventually(Duration::from_secs(10), "the connection is up", || async {
+        status.is_up()
+    })
+    .await;
 
     for i in 0..300 {
         let draft = Draft::json("outbox", &serde_json::json!({"i": i}))
@@ -177,24 +181,36 @@ async fn relay_and_consumer_heal_after_the_connection_is_cut() {
         engine.enqueue(draft).await.expect("enqueue");
         if i == 100 {
             proxy.cut();
-            eventually(5, "the status shows the loss", || async { !status.is_up() }).await;
+            eventually(
+                Duration::from_secs(5),
+                "the status shows the loss",
+                || async { !status.is_up() },
+            )
+            .await;
         }
         if i == 200 {
             tokio::time::sleep(Duration::from_millis(500)).await;
             proxy.restore();
         }
     }
-    eventually(30, "the connection is back", || async { status.is_up() }).await;
-    eventually(60, "all 300 are published", || async {
+    eventually(
+        Duration::from_secs(30),
+        "the connection is back",
+        || async { status.is_up() },
+    )
+    .await;
+    eventually(Duration::from_secs(60), "all 300 are published", || async {
         count(&engine, "outbox", Status::Done).await == 300
     })
     .await;
-    eventually(60, "all 300 are stored inbound", || async {
-        count(&engine, "inbound", Status::Pending).await == 300
-    })
+    eventually(
+        Duration::from_secs(60),
+        "all 300 are stored inbound",
+        || async { count(&engine, "inbound", Status::Pending).await == 300 },
+    )
     .await;
     let conn = connect().await;
-    eventually(10, "the queue is empty", || async {
+    eventually(Duration::from_secs(10), "the queue is empty", || async {
         ready(&conn, &queue).await == 0
     })
     .await;
@@ -233,12 +249,17 @@ async fn a_broker_that_stops_answering_does_not_hold_the_stop() {
     let status = connection.status();
     let stop = CancellationToken::new();
     let running = tokio::spawn(connection.run(stop.clone()));
-    eventually(10, "the connection is up", || async { status.is_up() }).await;
+    eventually(Duration::from_secs(10), "the connection is up", || async {
+        status.is_up()
+    })
+    .await;
     // Frozen once the consumer runs, so its stop has a cancel to send.
     let conn = connect().await;
-    eventually(10, "the queue has its consumer", || async {
-        consumers(&conn, &queue).await == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the queue has its consumer",
+        || async { consumers(&conn, &queue).await == 1 },
+    )
     .await;
 
     proxy.freeze();
@@ -294,13 +315,18 @@ async fn a_frozen_broker_is_declared_dead_and_the_connection_heals() {
     let status = connection.status();
     let stop = CancellationToken::new();
     let running = tokio::spawn(connection.run(stop.clone()));
-    eventually(10, "the connection is up", || async { status.is_up() }).await;
+    eventually(Duration::from_secs(10), "the connection is up", || async {
+        status.is_up()
+    })
+    .await;
 
     proxy.set(Freeze::Drop);
     let frozen = std::time::Instant::now();
-    eventually(16, "the frozen connection is declared down", || async {
-        !status.is_up()
-    })
+    eventually(
+        Duration::from_secs(16),
+        "the frozen connection is declared down",
+        || async { !status.is_up() },
+    )
     .await;
     eprintln!("declared down {:?} into the freeze", frozen.elapsed());
     // A reconnection or two while still frozen: each gives up in time.
@@ -308,9 +334,11 @@ async fn a_frozen_broker_is_declared_dead_and_the_connection_heals() {
     assert!(!status.is_up());
     proxy.heal();
     let healed = std::time::Instant::now();
-    eventually(10, "the connection is up again after the heal", || async {
-        status.is_up()
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the connection is up again after the heal",
+        || async { status.is_up() },
+    )
     .await;
     eprintln!("up again {:?} after the heal", healed.elapsed());
     stop.cancel();
@@ -375,9 +403,11 @@ async fn source_and_dead_letter_queue_depths_are_reported() {
             .find(|l| l.starts_with("mailroom_broker_queue_depth") && l.contains(&line))
             .and_then(|l| l.rsplit(' ').next().map(str::to_owned))
     };
-    eventually(10, "both depths are reported", || async {
-        depth(&queue).as_deref() == Some("5") && depth(&dlq).as_deref() == Some("3")
-    })
+    eventually(
+        Duration::from_secs(10),
+        "both depths are reported",
+        || async { depth(&queue).as_deref() == Some("5") && depth(&dlq).as_deref() == Some("3") },
+    )
     .await;
     assert!(status.is_up());
     stop.cancel();

@@ -82,22 +82,6 @@ async fn passive(conn: &Connection, queue: &str) -> lapin::Queue {
     q
 }
 
-/// Polls `check` every 20 ms for up to `secs` seconds.
-pub async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while std::time::Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 /// Takes every message waiting in `queue` (auto-ack).
 pub async fn drain(conn: &Connection, queue: &str) -> Vec<lapin::message::Delivery> {
     let ch = conn.create_channel().await.expect("channel");

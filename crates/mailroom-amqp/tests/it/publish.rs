@@ -1,4 +1,4 @@
-use crate::{connect, delete, drain, eventually, ready, sqlite_store, unique};
+use crate::{connect, delete, drain, ready, sqlite_store, unique};
 use lapin::Connection;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
@@ -9,6 +9,7 @@ use mailroom::{
 use mailroom_amqp::{
     AmqpHandler, AmqpHandlerSpec, ExchangeSpec, ExchangeType, QueueSpec, Topology, declare,
 };
+use mailroom_testkit::harness::eventually;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,7 +85,7 @@ async fn published_once(
     conn: &Connection,
     queue: &str,
 ) -> Delivery {
-    eventually(10, "the event is done", || async {
+    eventually(Duration::from_secs(10), "the event is done", || async {
         events(engine, Status::Done).await.len() == 1
     })
     .await;
@@ -220,7 +221,7 @@ async fn an_unroutable_event_retries_then_dies_with_the_error() {
         .enqueue(Draft::json("outbox", &json!({})).event_type("y"))
         .await
         .expect("enqueue");
-    eventually(10, "the event is dead", || async {
+    eventually(Duration::from_secs(10), "the event is dead", || async {
         events(&engine, Status::Dead).await.len() == 1
     })
     .await;
@@ -267,7 +268,7 @@ async fn a_batch_gets_one_verdict_per_event() {
             .dedup_key(format!("b-{i}"));
         engine.enqueue(draft).await.expect("enqueue");
     }
-    eventually(20, "90 done and 10 dead", || async {
+    eventually(Duration::from_secs(20), "90 done and 10 dead", || async {
         events(&engine, Status::Done).await.len() == 90
             && events(&engine, Status::Dead).await.len() == 10
     })

@@ -4,11 +4,12 @@
 //! consumers (lapin here, Python's pika too) read it from a bound queue.
 
 use crate::publish::{events, exchange_and_queue, header, relay_on};
-use crate::{connect, delete, drain, eventually, sqlite_at, unique};
+use crate::{connect, delete, drain, sqlite_at, unique};
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use mailroom::{Draft, Status, TopicSpec};
 use mailroom_amqp::AmqpHandlerSpec;
+use mailroom_testkit::harness::eventually;
 use serde_json::{Value, json};
 use sqlx::Connection as _;
 use std::time::{Duration, Instant};
@@ -74,15 +75,19 @@ async fn a_postgres_outbox_commit_is_published_once_and_a_rollback_never() {
 
     pg_enqueue(&mut app, "p-rolled-back", false).await;
     pg_enqueue(&mut app, "p-1", true).await;
-    eventually(15, "the first commit is published", || async {
-        events(&engine, Status::Done).await.len() == 1
-    })
+    eventually(
+        Duration::from_secs(15),
+        "the first commit is published",
+        || async { events(&engine, Status::Done).await.len() == 1 },
+    )
     .await;
     pg_enqueue(&mut app, "p-2", true).await;
     let committed = Instant::now();
-    eventually(5, "the second commit is published", || async {
-        events(&engine, Status::Done).await.len() == 2
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the second commit is published",
+        || async { events(&engine, Status::Done).await.len() == 2 },
+    )
     .await;
     let latency = committed.elapsed();
     stop.cancel();
@@ -134,9 +139,11 @@ async fn outbox_correlation_reaches_the_broker_and_follow_ups_keep_it() {
     .fetch_one(&mut app)
     .await
     .expect("mailroom.enqueue of the follow-up");
-    eventually(15, "both events are published", || async {
-        events(&engine, Status::Done).await.len() == 2
-    })
+    eventually(
+        Duration::from_secs(15),
+        "both events are published",
+        || async { events(&engine, Status::Done).await.len() == 2 },
+    )
     .await;
     stop.cancel();
 
@@ -202,9 +209,11 @@ async fn a_sqlite_outbox_commit_is_published_once_and_a_rollback_never() {
 
     sqlite_enqueue(&path, "s-rolled-back", false);
     sqlite_enqueue(&path, "s-1", true);
-    eventually(10, "the commit is published", || async {
-        events(&engine, Status::Done).await.len() == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the commit is published",
+        || async { events(&engine, Status::Done).await.len() == 1 },
+    )
     .await;
     // A few poll ticks more: the rolled-back event must not appear late.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -244,9 +253,11 @@ async fn a_python_pika_consumer_reads_what_the_relay_published() {
             .event_type("order.created")
             .correlation_id(format!("corr-{i}"));
         engine.enqueue(draft).await.expect("enqueue");
-        eventually(10, "the event is published", || async {
-            events(&engine, Status::Done).await.len() == i + 1
-        })
+        eventually(
+            Duration::from_secs(10),
+            "the event is published",
+            || async { events(&engine, Status::Done).await.len() == i + 1 },
+        )
         .await;
     }
     stop.cancel();

@@ -2,7 +2,7 @@
 //! relays and consumes: on a private node ([`PrivateRabbit`]), never the
 //! shared one the other tests use.
 
-use crate::{eventually, ready, sqlite_at};
+use crate::{ready, sqlite_at};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use mailroom::{Backoff, Draft, Engine, RetryPolicy, Status, TopicSpec};
@@ -11,6 +11,7 @@ use mailroom_amqp::{
     ExchangeType, QueueSpec, Topology, declare,
 };
 use mailroom_testkit::PrivateRabbit;
+use mailroom_testkit::harness::eventually;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -167,11 +168,14 @@ async fn relay_and_consumer_recover_from_a_broker_restart_under_load() {
     let supervisor = tokio::spawn(connection.run(stop.clone()));
     let (e, s) = (engine.clone(), stop.clone());
     let dispatcher = tokio::spawn(async move { e.run(s).await });
-    eventually(20, "the connection is up", || async { status.is_up() }).await;
+    eventually(Duration::from_secs(20), "the connection is up", || async {
+        status.is_up()
+    })
+    .await;
     let producer = tokio::spawn(produce(engine.clone()));
 
     eventually(
-        60,
+        Duration::from_secs(60),
         "both the relay and the consumer are at work",
         || async {
             count(&engine, "outbox", Status::Done).await >= 300
@@ -181,9 +185,11 @@ async fn relay_and_consumer_recover_from_a_broker_restart_under_load() {
     .await;
     let r = rabbit.clone();
     blocking(move || r.stop()).await;
-    eventually(10, "the status shows the broker gone", || async {
-        !status.is_up()
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the status shows the broker gone",
+        || async { !status.is_up() },
+    )
     .await;
     let stored_at_stop = count(&engine, "preloaded", Status::Pending).await;
     let published_at_stop = count(&engine, "outbox", Status::Done).await;
@@ -194,17 +200,23 @@ async fn relay_and_consumer_recover_from_a_broker_restart_under_load() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let r = rabbit.clone();
     blocking(move || r.start_again()).await;
-    eventually(60, "the connection is back by itself", || async {
-        status.is_up()
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the connection is back by itself",
+        || async { status.is_up() },
+    )
     .await;
 
     producer.await.expect("producer");
-    eventually(120, "every event is published and stored", || async {
-        count(&engine, "outbox", Status::Done).await == OUTBOX
-            && count(&engine, "relayed", Status::Pending).await == OUTBOX
-            && count(&engine, "preloaded", Status::Pending).await == PRELOADED
-    })
+    eventually(
+        Duration::from_secs(120),
+        "every event is published and stored",
+        || async {
+            count(&engine, "outbox", Status::Done).await == OUTBOX
+                && count(&engine, "relayed", Status::Pending).await == OUTBOX
+                && count(&engine, "preloaded", Status::Pending).await == PRELOADED
+        },
+    )
     .await;
     eprintln!(
         "at the stop: {stored_at_stop} of {PRELOADED} preloaded stored, {published_at_stop} of {OUTBOX} published"

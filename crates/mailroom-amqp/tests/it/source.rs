@@ -1,11 +1,12 @@
-use crate::{connect, delete, drain, eventually, ready, sqlite_at, sqlite_store, unique};
+use crate::{connect, delete, drain, ready, sqlite_at, sqlite_store, unique};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 use mailroom::operate::ListFilter;
 use mailroom::{Engine, Status, TopicSpec};
 use mailroom_amqp::{AmqpSource, AmqpSourceSpec, QueueSpec, Topology, declare};
-use std::time::Instant;
+use mailroom_testkit::harness::eventually;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Declares a durable queue with a dead-letter queue; returns its name.
@@ -91,15 +92,17 @@ async fn start(
 
 /// Waits up to `secs` seconds until exactly `n` events are stored.
 async fn wait_stored(engine: &Engine, n: u64, secs: u64) {
-    eventually(secs, &format!("{n} events are stored"), || async {
-        stored(engine).await == n
-    })
+    eventually(
+        Duration::from_secs(secs),
+        &format!("{n} events are stored"),
+        || async { stored(engine).await == n },
+    )
     .await;
 }
 
 /// Waits until `queue` has no ready message.
 async fn wait_drained(conn: &Connection, queue: &str) {
-    eventually(10, "the queue is drained", || async {
+    eventually(Duration::from_secs(10), "the queue is drained", || async {
         ready(conn, queue).await == 0
     })
     .await;
@@ -184,9 +187,11 @@ async fn unidentifiable_messages_end_in_the_dead_letter_queue() {
     .await;
     wait_stored(&engine, 1, 10).await;
     let dlq = format!("{queue}.dlq");
-    eventually(10, "two messages are dead-lettered", || async {
-        ready(&conn, &dlq).await == 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "two messages are dead-lettered",
+        || async { ready(&conn, &dlq).await == 2 },
+    )
     .await;
     stop.cancel();
     task.await.expect("consumer task");
@@ -237,9 +242,11 @@ async fn a_keyless_message_for_a_sequential_topic_is_rejected_and_counted() {
     let (stop, task) = start(&conn, &engine, spec).await;
     wait_stored(&engine, 1, 10).await;
     let dlq = format!("{queue}.dlq");
-    eventually(10, "the keyless message is dead-lettered", || async {
-        ready(&conn, &dlq).await == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the keyless message is dead-lettered",
+        || async { ready(&conn, &dlq).await == 1 },
+    )
     .await;
     stop.cancel();
     task.await.expect("consumer task");
@@ -448,17 +455,21 @@ async fn a_consumer_killed_mid_stream_loses_nothing() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start the consumer process");
-    eventually(60, "the child has stored 1,000", || async {
-        stored(&engine).await >= 1_000
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the child has stored 1,000",
+        || async { stored(&engine).await >= 1_000 },
+    )
     .await;
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
 
     let at_kill = stored(&engine).await;
-    eventually(10, "the broker has requeued the unacked", || async {
-        u64::from(ready(&conn, &queue).await) + at_kill >= 5_000
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the broker has requeued the unacked",
+        || async { u64::from(ready(&conn, &queue).await) + at_kill >= 5_000 },
+    )
     .await;
     assert!(at_kill < 5_000, "killed mid-stream ({at_kill} stored)");
     println!("{at_kill} stored when the consumer was killed");
@@ -546,9 +557,11 @@ async fn business_id_dedup_and_priority_and_due_time_from_headers() {
     spec.deliver_at = Some(mailroom::Field::Header("x-deliver-at".into()));
     let (stop, task) = start(&conn, &engine, spec).await;
     let dlq = format!("{queue}.dlq");
-    eventually(10, "two messages are dead-lettered", || async {
-        ready(&conn, &dlq).await == 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "two messages are dead-lettered",
+        || async { ready(&conn, &dlq).await == 2 },
+    )
     .await;
     wait_drained(&conn, &queue).await;
     stop.cancel();

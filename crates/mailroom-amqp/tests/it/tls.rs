@@ -5,12 +5,13 @@
 
 use crate::publish::{events, exchange_and_queue};
 use crate::source::{cleanup, publish, setup, stored};
-use crate::{connect, delete, drain, eventually, ready, sqlite_store, unique};
+use crate::{connect, delete, drain, ready, sqlite_store, unique};
 use lapin::BasicProperties;
 use mailroom::{Backoff, Draft, Engine, RetryPolicy, Status, TopicSpec};
 use mailroom_amqp::{
     AmqpConnection, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec, Topology, declare_at,
 };
+use mailroom_testkit::harness::eventually;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,12 +93,19 @@ async fn a_source_over_amqps_stores_each_message_once() {
     let status = connection.status();
     let stop = CancellationToken::new();
     let running = tokio::spawn(connection.run(stop.clone()));
-    eventually(10, "the TLS connection is up", || async { status.is_up() }).await;
-    eventually(30, "every message is stored", || async {
-        stored(&engine).await == N as u64
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the TLS connection is up",
+        || async { status.is_up() },
+    )
     .await;
-    eventually(10, "the queue is drained", || async {
+    eventually(
+        Duration::from_secs(30),
+        "every message is stored",
+        || async { stored(&engine).await == N as u64 },
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the queue is drained", || async {
         ready(&conn, &queue).await == 0
     })
     .await;
@@ -123,11 +131,18 @@ async fn a_relay_over_amqps_publishes_every_event_once() {
     tokio::spawn(connection.run(stop.clone()));
     let (e, s) = (engine.clone(), stop.clone());
     tokio::spawn(async move { e.run(s).await });
-    eventually(10, "the TLS connection is up", || async { status.is_up() }).await;
+    eventually(
+        Duration::from_secs(10),
+        "the TLS connection is up",
+        || async { status.is_up() },
+    )
+    .await;
     enqueue_outbox(&engine, N).await;
-    eventually(30, "every event is published", || async {
-        events(&engine, Status::Done).await.len() == N
-    })
+    eventually(
+        Duration::from_secs(30),
+        "every event is published",
+        || async { events(&engine, Status::Done).await.len() == N },
+    )
     .await;
     stop.cancel();
     let got = drain(&conn, &queue).await;
@@ -228,7 +243,10 @@ async fn verify_none_connects_without_checking_the_certificate() {
     let status = connection.status();
     let stop = CancellationToken::new();
     tokio::spawn(connection.run(stop.clone()));
-    eventually(10, "the connection is up", || async { status.is_up() }).await;
+    eventually(Duration::from_secs(10), "the connection is up", || async {
+        status.is_up()
+    })
+    .await;
     stop.cancel();
 }
 

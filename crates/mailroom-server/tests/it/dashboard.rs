@@ -3,7 +3,7 @@
 //! token), that pages escape what senders wrote, and bulk replay of dead
 //! letters with its progress page.
 
-use crate::support::{Db, Server, eventually, start_with};
+use crate::support::{DEADLINE, Db, Server, eventually, start_with};
 use mailroom::handler::handler_fn;
 use mailroom::{Engine, Event, Field, Mode, OnDead, Outcome, SourceSpec, TopicSpec};
 use mailroom_server::ServerOptions;
@@ -91,7 +91,7 @@ async fn status(s: &Server, id: &str) -> String {
 
 /// Waits until the event's status is `want`.
 async fn reaches(s: &Server, id: &str, want: &str) {
-    eventually(&format!("event {id} is {want}"), || async {
+    eventually(DEADLINE, &format!("event {id} is {want}"), || async {
         (status(s, id).await == want).then_some(())
     })
     .await;
@@ -316,7 +316,7 @@ async fn login_origin_and_csrf_guard_every_action() {
         ok.headers()["location"].to_str().expect("to"),
         format!("/ui/events/{dead}?done=replay")
     );
-    eventually("replayed and attempted again", || async {
+    eventually(DEADLINE, "replayed and attempted again", || async {
         let id = dead.parse().ok()?;
         let e = s.engine.operator().get(id).await.ok()??;
         (e.attempts == 2).then_some(())
@@ -517,7 +517,7 @@ async fn dead_letters_replay_all_matching_with_progress() {
         .expect("to")
         .to_owned();
     assert!(job.starts_with("/ui/jobs/"), "{job}");
-    eventually("the job page shows it finished", || async {
+    eventually(DEADLINE, "the job page shows it finished", || async {
         let html = http
             .get(s.url(&job))
             .header("cookie", format!("mailroom_session={session}"))

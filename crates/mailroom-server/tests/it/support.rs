@@ -4,14 +4,15 @@
 use mailroom::{Engine, EngineBuilder, Store};
 use mailroom_server::ServerOptions;
 use serde_json::Value;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// How long [`eventually`] waits before failing a test.
+pub use mailroom_testkit::harness::eventually;
+
+/// How long a test waits with [`eventually`] before failing.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A fresh database: its own directory, its own SQLite file, migrated.
@@ -185,7 +186,7 @@ impl Server {
 
     /// Polls the event until `pred` holds; returns it.
     pub async fn event_until(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        eventually(what, || async {
+        eventually(DEADLINE, what, || async {
             let e = self.event(id).await;
             pred(&e).then_some(e)
         })
@@ -222,25 +223,6 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.shutdown.cancel();
-    }
-}
-
-/// Polls `probe` every 20 ms until it yields `Some`, for at most [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

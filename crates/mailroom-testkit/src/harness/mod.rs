@@ -53,17 +53,45 @@ pub enum HarnessError {
     Write(PathBuf, #[source] std::io::Error),
 }
 
-/// Polls `check` every 50 ms until it returns true; panics naming `what`
-/// when `limit` passes first.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+/// What an [`eventually`] probe answers: `true` (or `Some(value)`) once
+/// the condition holds.
+pub trait Settled {
+    /// What [`eventually`] returns: `()` for a `bool`, the value of an `Option`.
+    type Value;
+    /// `Some` once the condition holds.
+    fn settled(self) -> Option<Self::Value>;
+}
+
+impl Settled for bool {
+    type Value = ();
+    fn settled(self) -> Option<()> {
+        self.then_some(())
+    }
+}
+
+impl<T> Settled for Option<T> {
+    type Value = T;
+    fn settled(self) -> Option<T> {
+        self
+    }
+}
+
+/// Polls `check` every 50 ms until it holds (returns `true`, or `Some`,
+/// whose value it returns); panics naming `what` when `limit` passes first.
+pub async fn eventually<F, Fut>(
+    limit: Duration,
+    what: &str,
+    mut check: F,
+) -> <Fut::Output as Settled>::Value
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
+    Fut: std::future::Future,
+    Fut::Output: Settled,
 {
     let deadline = Instant::now() + limit;
     loop {
-        if check().await {
-            return;
+        if let Some(value) = check().await.settled() {
+            return value;
         }
         assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
