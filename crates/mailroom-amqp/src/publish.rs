@@ -22,9 +22,11 @@ use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
+use mailroom::dead_letter::DeadLetter;
 use mailroom::handler::{BatchOutcome, Handler};
 use mailroom::{Event, Outcome};
 use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::sync::{Arc, RwLock};
 
 /// How long a publish may wait to be written and confirmed by the broker
@@ -53,6 +55,11 @@ pub struct AmqpHandlerSpec {
     pub expiration: Option<std::time::Duration>,
     /// Each message's `priority` (0 to 255), for queues with `max_priority`.
     pub priority: Option<u8>,
+    /// The topic's events are dead-letter copies
+    /// ([`mailroom::dead_letter`]): each publishes the dead event it
+    /// carries, as this handler publishes a live one, plus its last error
+    /// in `mailroom-error`, with message id `<event id>/<attempt>`.
+    pub dead_letters: bool,
 }
 
 impl AmqpHandlerSpec {
@@ -72,7 +79,41 @@ impl AmqpHandlerSpec {
             envelope: false,
             expiration: None,
             priority: None,
+            dead_letters: false,
         }
+    }
+}
+
+/// The header holding a dead letter's last error.
+pub const ERROR_HEADER: &str = "mailroom-error";
+
+/// What one attempt publishes: the event itself, or for a dead-letter
+/// copy the dead event it carries, its error and its death's id.
+struct Message<'a> {
+    event: Cow<'a, Event>,
+    error: Option<String>,
+    message_id: Option<String>,
+}
+
+impl<'a> Message<'a> {
+    fn of(spec: &AmqpHandlerSpec, event: &'a Event) -> Result<Message<'a>, Outcome> {
+        if !spec.dead_letters {
+            return Ok(Message {
+                event: Cow::Borrowed(event),
+                error: None,
+                message_id: None,
+            });
+        }
+        let letter = DeadLetter::decode(event).map_err(|e| Outcome::permanent(e.to_string()))?;
+        Ok(Message {
+            event: Cow::Owned(
+                letter
+                    .event()
+                    .map_err(|e| Outcome::permanent(e.to_string()))?,
+            ),
+            error: letter.error.clone(),
+            message_id: Some(letter.death_id()),
+        })
     }
 }
 
@@ -164,10 +205,17 @@ impl AmqpHandler {
     /// waiting for it), or the attempt's failure.
     async fn send(&self, publisher: &Publisher, event: &Event) -> Result<Pending, Outcome> {
         let spec = &self.inner.spec;
-        let routing_key = routing_key(&spec.routing_key, event).map_err(Outcome::permanent)?;
+        let message = Message::of(spec, event)?;
+        let routing_key =
+            routing_key(&spec.routing_key, &message.event).map_err(Outcome::permanent)?;
         let body = match spec.envelope {
-            true => envelope(event),
-            false => event.payload.as_deref().unwrap_or_default().to_vec(),
+            true => envelope(&message.event),
+            false => message
+                .event
+                .payload
+                .as_deref()
+                .unwrap_or_default()
+                .to_vec(),
         };
         let options = BasicPublishOptions {
             mandatory: true,
@@ -178,7 +226,7 @@ impl AmqpHandler {
         let key =
             short("routing key", &routing_key).map_err(|e| Outcome::permanent(e.to_string()))?;
         let ticket: Ticket = publisher.confirms.register();
-        let properties = self.properties(event, ticket.seq());
+        let properties = self.properties(&message, ticket.seq());
         let confirm = publisher
             .channel
             .basic_publish(exchange, key, options, &body, properties)
@@ -190,7 +238,8 @@ impl AmqpHandler {
         })
     }
 
-    fn properties(&self, event: &Event, seq: u64) -> BasicProperties {
+    fn properties(&self, message: &Message<'_>, seq: u64) -> BasicProperties {
+        let event = &message.event;
         let mut headers = FieldTable::default();
         // Sequence numbers stay far below i64::MAX; saturate rather than wrap.
         let seq = i64::try_from(seq).unwrap_or(i64::MAX);
@@ -208,15 +257,19 @@ impl AmqpHandler {
         if let Some(t) = mailroom::handler::outgoing_traceparent(event) {
             headers.insert(TRACEPARENT_HEADER.into(), text(&t));
         }
+        if let Some(e) = &message.error {
+            headers.insert(ERROR_HEADER.into(), text(e));
+        }
         let content_type = match self.inner.spec.envelope {
             true => Some("application/json".to_string()),
             false => event.content_type.clone(),
         };
         // message_id is a short string: a dedup key over 255 bytes gives way to the event id.
-        let message_id = ShortString::try_new(event.dedup_key.as_str())
-            .ok()
-            .filter(|s| !s.as_str().is_empty())
-            .unwrap_or_else(|| event.id.to_string().into());
+        let message_id =
+            ShortString::try_new(message.message_id.as_deref().unwrap_or(&event.dedup_key))
+                .ok()
+                .filter(|s| !s.as_str().is_empty())
+                .unwrap_or_else(|| event.id.to_string().into());
         let mut props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_message_id(message_id)

@@ -6,15 +6,19 @@
 use crate::error::ConfigError;
 use crate::file::{
     AmqpArgument, AmqpConfig, AmqpDeadLetter, AmqpHandlerConfig, AmqpQueueConfig, Config,
-    FieldConfig, SourceConfig,
+    FieldConfig, SourceConfig, TopicDeadLetterConfig,
 };
 use crate::source::field;
 use mailroom::Engine;
+use mailroom::handler::SharedHandler;
+use mailroom::{Backoff, RetryPolicy, TopicSpec};
 use mailroom_amqp::{
     AmqpConnection, AmqpError, AmqpHandler, AmqpHandlerSpec, AmqpSource, AmqpSourceSpec,
     DeadLetterRoute, ExchangeSpec, ExchangeType, Overflow, QueueArgument, QueueSpec, QueueType,
     Topology, declare::TYPED_ARGUMENTS,
 };
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Longest name AMQP 0-9-1 carries (a short string).
 const MAX_NAME: usize = 255;
@@ -363,7 +367,18 @@ pub(crate) fn handler(
     idx: usize,
     cfg: &Config,
 ) -> Result<(String, AmqpHandler), ConfigError> {
-    let at = |k: &str| format!("topic[{idx}].handler.amqp.{k}");
+    publisher(h, &format!("topic[{idx}].handler.amqp"), cfg, false)
+}
+
+/// A publisher configured at `at`; `dead_letters`: it publishes
+/// dead-letter copies.
+fn publisher(
+    h: &AmqpHandlerConfig,
+    at: &str,
+    cfg: &Config,
+    dead_letters: bool,
+) -> Result<(String, AmqpHandler), ConfigError> {
+    let at = |k: &str| format!("{at}.{k}");
     let url = url_or_default(&h.url, &at("url"), cfg)?;
     check_short(&h.exchange, &at("exchange"), cfg)?;
     if h.routing_key.is_empty() && h.exchange.is_empty() {
@@ -390,10 +405,66 @@ pub(crate) fn handler(
         envelope: h.envelope,
         expiration: h.expiration,
         priority: h.priority,
+        dead_letters,
         ..AmqpHandlerSpec::new(&h.exchange, &h.routing_key)
     };
     Ok((url, AmqpHandler::new(spec)))
 }
+
+/// The topic `dead_letter = { amqp = {...} }` of `topic[idx]` (`spec`)
+/// hands its dead letters to, named `<topic>.dead-letter`, and its
+/// publisher (also recorded in `plan`, to be attached to its connection).
+/// Its copies are retried for about a month (every 5 minutes at most), so
+/// a broker away for long still gets every dead event.
+pub(crate) fn dead_letter(
+    dl: &TopicDeadLetterConfig,
+    spec: &TopicSpec,
+    idx: usize,
+    cfg: &Config,
+    plan: &mut AmqpPlan,
+) -> Result<(TopicSpec, SharedHandler), ConfigError> {
+    let at = format!("topic[{idx}].dead_letter");
+    let Some(a) = &dl.amqp else {
+        return Err(cfg.invalid(at, "give amqp = { exchange, routing_key }"));
+    };
+    let name = format!("{}{DEAD_LETTER_SUFFIX}", spec.name);
+    if cfg.topics.iter().any(|t| t.name == name) {
+        return Err(cfg.invalid(
+            at,
+            format!("its dead letters go through topic {name:?}, which is declared too: rename that topic"),
+        ));
+    }
+    let as_handler = AmqpHandlerConfig {
+        url: a.url.clone(),
+        exchange: a.exchange.clone(),
+        routing_key: a.routing_key.clone(),
+        envelope: a.envelope,
+        expiration: None,
+        priority: None,
+    };
+    let (url, publisher) = publisher(&as_handler, &format!("{at}.amqp"), cfg, true)?;
+    let relay = TopicSpec::new(name.clone()).retry(RetryPolicy {
+        max_attempts: DEAD_LETTER_ATTEMPTS,
+        backoff: Backoff::Exponential {
+            base: Duration::from_secs(1),
+            factor: 2.0,
+            max_delay: Duration::from_secs(300),
+            jitter: RetryPolicy::DEFAULT_JITTER,
+        },
+    });
+    plan.handlers.push(AmqpHandlerPlan {
+        url,
+        topic: name,
+        handler: publisher.clone(),
+    });
+    Ok((relay, Arc::new(publisher)))
+}
+
+/// The dead-letter topic of topic `t` is `t` + this.
+pub const DEAD_LETTER_SUFFIX: &str = ".dead-letter";
+
+/// Attempts a dead-letter copy gets: about 30 days at one every 5 minutes.
+const DEAD_LETTER_ATTEMPTS: u32 = 30 * 24 * 12;
 
 /// The first `{name}` in `template` other than `type`, `topic` and `key`.
 fn unknown_placeholder(template: &str) -> Option<&str> {
@@ -424,6 +495,63 @@ mod tests {
 
     fn refused(toml: &str) -> String {
         specs(toml).map(|_| ()).unwrap_err()
+    }
+
+    /// `dead_letter = { amqp = {...} }` gives the topic a dead-letter topic
+    /// `<topic>.dead-letter`, published by a dead-letter publisher on the
+    /// broker's connection (`[amqp].url` unless the route names one), with
+    /// retries for a long outage; wrong routes are refused by key.
+    #[test]
+    fn a_broker_dead_letter_route_becomes_a_dead_letter_topic() {
+        let t = specs(
+            "[amqp]\nurl = \"amqp://x\"\n[[topic]]\nname = \"payments\"\nhandler = { pull = true }\ndead_letter = { amqp = { exchange = \"dlx\", routing_key = \"{topic}.dead\" } }\n",
+        )
+        .unwrap();
+        let payments = t.topics.iter().find(|(s, _)| s.name == "payments").unwrap();
+        assert_eq!(
+            payments.0.dead_letter.as_deref(),
+            Some("payments.dead-letter")
+        );
+        let relay = t
+            .topics
+            .iter()
+            .find(|(s, _)| s.name == "payments.dead-letter")
+            .unwrap();
+        assert!(relay.1.is_some(), "the dead-letter topic has its publisher");
+        assert!(relay.0.retry.max_attempts >= 1000);
+        let h = &t.amqp.handlers[0];
+        assert_eq!(
+            (h.url.as_str(), h.topic.as_str()),
+            ("amqp://x", "payments.dead-letter")
+        );
+        assert!(h.handler.spec().dead_letters);
+        assert_eq!(h.handler.spec().exchange, "dlx");
+
+        let cases = [
+            (
+                "[[topic]]\nname = \"t\"\ndead_letter = {}\n",
+                "topic[0].dead_letter",
+            ),
+            (
+                "[[topic]]\nname = \"t\"\ndead_letter = { amqp = { exchange = \"e\", routing_key = \"k\" } }\n",
+                "topic[0].dead_letter.amqp.url",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[topic]]\nname = \"t\"\ndead_letter = { amqp = { exchange = \"e\", routing_key = \"{id}\" } }\n",
+                "topic[0].dead_letter.amqp.routing_key",
+            ),
+            (
+                "[amqp]\nurl = \"amqp://x\"\n[[topic]]\nname = \"t\"\ndead_letter = { amqp = { exchange = \"e\", routing_key = \"k\" } }\n[[topic]]\nname = \"t.dead-letter\"\n",
+                "topic[0].dead_letter",
+            ),
+        ];
+        for (toml, key) in cases {
+            let err = refused(toml);
+            assert!(
+                err.starts_with(&format!("m.toml: {key}")),
+                "{toml}\n=> {err}"
+            );
+        }
     }
 
     /// The RabbitMQ part of the documented example configuration: a queue

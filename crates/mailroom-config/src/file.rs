@@ -449,6 +449,34 @@ pub struct TopicConfig {
     pub max_wait_for_priority: Duration,
     /// What processes the events; none means pull workers.
     pub handler: Option<HandlerConfig>,
+    /// `dead_letter = { amqp = {...} }`: each event that goes dead is also
+    /// published there, once per death, with its last error; it stays dead
+    /// (and replayable) here.
+    pub dead_letter: Option<TopicDeadLetterConfig>,
+}
+
+/// `dead_letter = { amqp = {...} }` of a topic.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TopicDeadLetterConfig {
+    /// Publish dead events to RabbitMQ.
+    pub amqp: Option<AmqpDeadLetterPublishConfig>,
+}
+
+/// `dead_letter = { amqp = { url, exchange, routing_key, envelope } }` of a
+/// topic.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpDeadLetterPublishConfig {
+    /// Broker (default: `[amqp].url`).
+    pub url: Option<String>,
+    /// Exchange dead events are published to (`""`: the default exchange).
+    pub exchange: String,
+    /// Routing key; `{type}`, `{topic}` and `{key}` are the dead event's.
+    pub routing_key: String,
+    /// Publish the JSON envelope instead of the raw payload (default false).
+    #[serde(default)]
+    pub envelope: bool,
 }
 
 fn default_timeout() -> Duration {

@@ -41,11 +41,17 @@ impl Specs {
         let mut amqp = crate::amqp::plan(config)?;
         let mut topics = Vec::new();
         for (i, t) in config.topics.iter().enumerate() {
-            let spec = topic_spec(t, i, config)?;
+            let mut spec = topic_spec(t, i, config)?;
             let handler = match &t.handler {
                 Some(h) => handler(h, &spec, i, config, &mut amqp)?,
                 None => None,
             };
+            if let Some(dl) = &t.dead_letter {
+                let (relay, relay_handler) =
+                    crate::amqp::dead_letter(dl, &spec, i, config, &mut amqp)?;
+                spec.dead_letter = Some(relay.name.clone());
+                topics.push((relay, Some(relay_handler)));
+            }
             topics.push((spec, handler));
         }
         let mut sources = Vec::new();

@@ -56,6 +56,7 @@ pub(crate) fn topic_spec(
         max_running: t.max_running,
         expire_after: t.expire_after,
         max_wait_for_priority: t.max_wait_for_priority,
+        dead_letter: None,
     };
     spec.validate().map_err(|error| ConfigError::Topic {
         file: cfg.origin.clone(),

@@ -62,6 +62,15 @@ pub enum BuildError {
     /// A handler was registered for a topic that does not exist.
     #[error("handler registered for unknown topic {0:?}")]
     UnknownTopic(String),
+    /// A topic's `dead_letter` names no declared topic, itself, or a
+    /// topic that hands its own dead letters on.
+    #[error("topic {topic:?}: dead_letter: {why}")]
+    DeadLetter {
+        /// The topic whose dead letters go nowhere sound.
+        topic: String,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// The shortest polling, maintenance or alert period the builder takes:
@@ -224,6 +233,25 @@ fn topic_runtimes(
     if let Some(t) = handlers.keys().find(|t| !topics.contains_key(*t)) {
         return Err(BuildError::UnknownTopic(t.clone()));
     }
+    for t in topics.values() {
+        let Some(into) = &t.spec.dead_letter else {
+            continue;
+        };
+        let why = match topics.get(into) {
+            _ if into == &t.spec.name => Some("a topic cannot take its own dead letters".into()),
+            None => Some(format!("topic {into:?} is not declared")),
+            Some(d) if d.spec.dead_letter.is_some() => Some(format!(
+                "topic {into:?} hands its own dead letters on; a dead-letter topic cannot"
+            )),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            return Err(BuildError::DeadLetter {
+                topic: t.spec.name.clone(),
+                why,
+            });
+        }
+    }
     Ok(topics)
 }
 
@@ -360,6 +388,16 @@ impl Engine {
                 self.inner.poll,
                 shutdown.clone(),
             ));
+        }
+        for t in self.inner.topics.values() {
+            if let Some(into) = &t.spec.dead_letter {
+                tasks.spawn(crate::dead_letter::run(
+                    self.inner.clone(),
+                    t.clone(),
+                    into.clone(),
+                    shutdown.clone(),
+                ));
+            }
         }
         let maintenance = Maintenance {
             store: self.inner.store.clone(),

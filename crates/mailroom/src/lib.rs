@@ -146,6 +146,7 @@
 pub mod accept;
 pub mod answer;
 pub mod clock;
+pub mod dead_letter;
 mod dispatch;
 mod draft;
 mod engine;

@@ -111,6 +111,12 @@ impl Pull {
             .complete(id, token, completion.clone())
             .await?;
         record_outcome(&event, &completion, None);
+        if let (Completion::Dead { .. }, Some(rt)) =
+            (&completion, self.shared.topics.get(&event.topic))
+        {
+            // The claim's attempt number is its token.
+            rt.died(event.id, token.0);
+        }
         self.shared.wake(&event.topic);
         Ok(completion)
     }

@@ -89,6 +89,11 @@ pub struct TopicSpec {
     /// The starvation bound of priorities: a due event waits at most about
     /// this long behind higher-priority ones.
     pub max_wait_for_priority: Duration,
+    /// The topic a copy of each event that goes dead is enqueued into,
+    /// once per death (see [`crate::dead_letter`]); its handler hands the
+    /// dead letters on (to a broker's dead-letter exchange). `None`: dead
+    /// events stay in the store only.
+    pub dead_letter: Option<String>,
 }
 
 impl TopicSpec {
@@ -118,7 +123,15 @@ impl TopicSpec {
             max_running: None,
             expire_after: None,
             max_wait_for_priority: Self::DEFAULT_MAX_WAIT_FOR_PRIORITY,
+            dead_letter: None,
         }
+    }
+
+    /// Copies each event that goes dead into the topic `into` (see
+    /// [`TopicSpec::dead_letter`]).
+    pub fn dead_letter(mut self, into: impl Into<String>) -> Self {
+        self.dead_letter = Some(into.into());
+        self
     }
 
     /// Pending events older than `after` are not run but `expired`.

@@ -3,6 +3,7 @@
 //! Every test declares uniquely named exchanges and queues and deletes them.
 
 mod connection;
+mod dead_letter;
 mod publish;
 mod relay;
 mod restart;

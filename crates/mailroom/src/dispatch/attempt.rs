@@ -63,6 +63,9 @@ pub(super) fn settle(
         &topic.spec.retry,
     );
     record_outcome(event, &completion, Some(elapsed));
+    if matches!(completion, Completion::Dead { .. }) {
+        topic.died(event.id, event.attempts);
+    }
     completion
 }
 

@@ -70,6 +70,8 @@ pub(crate) struct TopicRuntime {
     pub wake: Notify,
     /// The pause a 429 + `Retry-After` asked for (`throttle`).
     pub pause: throttle::Pause,
+    /// Deaths noticed, for the dead-letter relay (`crate::dead_letter`).
+    pub(crate) deaths: crate::dead_letter::Deaths,
 }
 
 impl TopicRuntime {
@@ -80,6 +82,7 @@ impl TopicRuntime {
             handler,
             wake: Notify::new(),
             pause: throttle::Pause::default(),
+            deaths: crate::dead_letter::Deaths::default(),
         }
     }
 }

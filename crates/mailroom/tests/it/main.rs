@@ -6,6 +6,7 @@ mod ahead;
 mod alerts;
 mod attempts;
 mod batch;
+mod dead_letter;
 mod delays;
 mod handlers;
 mod library;
