@@ -2,7 +2,7 @@
 //! over the instances on PostgreSQL): one event per id, exactly one answer
 //! `"duplicate": false` per id, each event processed once.
 
-use super::{World, join_all, two_topics};
+use super::{LEASE_SECS, World, join_all, two_topics};
 use crate::Report;
 use crate::backend::Backend;
 use crate::check::{Expect, Row};
@@ -41,7 +41,11 @@ pub async fn run(quick: bool, backend: Backend) -> anyhow::Result<Report> {
         s.signal_term()?;
         s.exit_within(Duration::from_secs(30)).await?;
     }
-    let (record, verdict) = world.check(&Expect::default()).await?;
+    let expect = Expect {
+        lease: Some(Duration::from_secs(LEASE_SECS)),
+        ..Expect::default()
+    };
+    let (record, verdict) = world.check(&expect).await?;
     let mut report = Report::new("storm", backend.name(), &record, verdict);
     let rows = store::rows(&world.fresh.url).await?;
     report.failures.extend(judge(&record, &rows, copies));

@@ -6,6 +6,11 @@ use super::record::{Call, Outcome, Record};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+/// How long before its handler call a run's lease may have begun: a
+/// claimed event can wait for a free slot (claims run ahead of the slots)
+/// before its call starts, and its lease counts from the claim.
+pub const CLAIM_LEAD: Duration = Duration::from_secs(1);
+
 /// One row of `events` as the store holds it after the scenario.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -38,12 +43,14 @@ pub struct Expect {
     pub dead: HashSet<String>,
     /// How many attempts a poison event gets before it is dead.
     pub dead_attempts: i64,
-    /// A completed event may run again without a disruption: the run's
-    /// leases are shorter than a completion's commit can take on a loaded
-    /// machine, so a lease may expire and the event be rescued after its
-    /// success (at least once). Such runs are counted as excused; overlaps
-    /// stay duplicates.
-    pub reruns_after_lease: bool,
+    /// The lease of the scenario's topics. A completed event whose run
+    /// starts again once that lease can have expired (a lease after its
+    /// successful call began, less [`CLAIM_LEAD`]) was run again because
+    /// the completion's commit came too late (at least once): counted as
+    /// excused, never a failure, like a rerun after a disruption. `None`:
+    /// only disruptions excuse a rerun. Two runs at once are always
+    /// duplicates.
+    pub lease: Option<Duration>,
 }
 
 /// What the checker found.
@@ -60,8 +67,9 @@ pub struct Verdict {
     pub order: usize,
     /// Late completions refused by their fencing token.
     pub fenced: usize,
-    /// Completed events run again after a disruption (the at-least-once
-    /// allowance, counted, not a failure).
+    /// Completed events run again after a disruption or once the
+    /// successful run's lease had expired (the at-least-once allowance,
+    /// counted, not a failure).
     pub excused: usize,
     /// The first few findings, in words.
     pub findings: Vec<String>,
@@ -206,10 +214,13 @@ fn check_end_states(
 
 /// One event's runs: never two at once (a run lasts until its answer
 /// began: the caller cannot act on it sooner), never again after a
-/// success unless a disruption could have lost that success's commit: one
-/// that ended after the successful call started (a kill while it ran also
-/// loses it, even when the receiver's answer went into a dead socket's
-/// buffer; a kill lasts until the process is reaped).
+/// success unless that success's commit could have been lost or come
+/// too late: a disruption that ended after the successful call started
+/// (a kill while it ran also loses it, even when the receiver's answer
+/// went into a dead socket's buffer; a kill lasts until the process is
+/// reaped), or the rerun started once the successful run's lease
+/// (`expect.lease`, from up to [`CLAIM_LEAD`] before the call) can have
+/// expired.
 fn check_runs(
     id: &str,
     calls: &[Call],
@@ -229,7 +240,10 @@ fn check_runs(
                 c.attempt
             ));
         } else if let Some(done) = succeeded_at {
-            let excused = expect.reruns_after_lease
+            let lease_expired = expect
+                .lease
+                .is_some_and(|lease| c.start + CLAIM_LEAD >= done + lease);
+            let excused = lease_expired
                 || disruptions
                     .iter()
                     .any(|(from, to)| *to >= done && *from <= c.start);
@@ -453,16 +467,28 @@ mod tests {
         assert!(!v.passed());
     }
 
-    /// Where leases may expire after a success, a completed event run again
-    /// is excused; two runs at once are still a duplicate.
+    /// A completed event run again once its successful run's lease had
+    /// expired is counted, not failed; run again before the lease expired,
+    /// or while it still ran, it is a duplicate.
     #[test]
-    fn a_rerun_after_success_is_excused_where_leases_may_expire_but_an_overlap_is_not() {
+    fn a_rerun_after_the_lease_expired_is_excused_but_not_before_nor_an_overlap() {
         let (mut record, rows, mut expect) = clean();
-        expect.reruns_after_lease = true;
-        record.calls.push(call(2, 2, 40, 45, Outcome::Succeeded));
+        // Event 2's successful call began at 25 ms; its lease is 2 s, and
+        // began up to CLAIM_LEAD (1 s) before the call: expired at 1025 ms.
+        expect.lease = Some(ms(2000));
+        record
+            .calls
+            .push(call(2, 2, 1025, 1030, Outcome::Succeeded));
         let v = check(&record, &rows, &expect);
-        assert_eq!((v.duplicates, v.excused), (0, 1));
+        assert_eq!((v.duplicates, v.excused), (0, 1), "{v:?}");
+        record.calls[2] = call(2, 2, 1024, 1030, Outcome::Succeeded);
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+        record.calls[2] = call(2, 2, 1025, 1030, Outcome::Succeeded);
         record.calls.push(call(1, 2, 15, 18, Outcome::Succeeded));
+        assert_eq!(check(&record, &rows, &expect).duplicates, 1);
+        // Without a lease, only a disruption excuses a rerun.
+        record.calls.pop();
+        expect.lease = None;
         assert_eq!(check(&record, &rows, &expect).duplicates, 1);
     }
 
