@@ -5,7 +5,7 @@ use mailroom::{Engine, EngineBuilder, Store};
 use mailroom_server::ServerOptions;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
