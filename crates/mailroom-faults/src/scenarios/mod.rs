@@ -81,6 +81,11 @@ pub const ALL: &[Scenario] = &[
         run: |quick, b| Box::pin(rabbitmq::run_freeze(quick, b)),
     },
     Scenario {
+        name: "dlq",
+        applies: any_store,
+        run: |quick, b| Box::pin(rabbitmq::dlq::run(quick, b)),
+    },
+    Scenario {
         name: "lease",
         applies: any_store,
         run: |quick, b| Box::pin(lease::run(quick, b)),

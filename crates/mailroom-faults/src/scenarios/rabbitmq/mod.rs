@@ -19,6 +19,7 @@
 //! heal.
 
 mod broker;
+pub(super) mod dlq;
 
 use super::pgfreeze::{HEALED_WITHIN, Probes, log_lines, probe_ready, ready_after, show};
 use super::{Task, World, recovery};
