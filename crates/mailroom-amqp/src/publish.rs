@@ -17,7 +17,7 @@
 
 use crate::confirms::{Confirms, SEQ_HEADER, Ticket, Verdict};
 use crate::error::{AmqpError, Result, short};
-use crate::source::{CAUSATION_HEADER, TRACEPARENT_HEADER};
+use crate::source::{CAUSATION_HEADER, TRACEPARENT_HEADER, VERSION_HEADER};
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -35,10 +35,6 @@ use std::sync::{Arc, RwLock};
 /// (memory or disk alarm) or a frozen network withholds them.
 pub const CONFIRM_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// The version written in `mailroom-version` and the envelope's `version`
-/// (events carry no version of their own yet).
-const VERSION: i64 = 1;
-
 /// An AMQP handler's settings (`handler = { amqp = { url, exchange, routing_key, envelope } }`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmqpHandlerSpec {
@@ -48,8 +44,11 @@ pub struct AmqpHandlerSpec {
     /// event's.
     pub routing_key: String,
     /// Publish the JSON envelope `{eventId, eventType, version, occurredAt,
-    /// correlationId, causationId, data}` instead of the raw payload.
+    /// correlationId, causationId, metadata, data}` instead of the raw payload.
     pub envelope: bool,
+    /// The envelope's `metadata.environment` (`[telemetry] environment`,
+    /// e.g. `production`); `None`: null.
+    pub environment: Option<String>,
     /// Each message's `expiration`: a queue drops (or dead-letters) it
     /// when it has waited that long. `None`: it never expires.
     pub expiration: Option<std::time::Duration>,
@@ -77,6 +76,7 @@ impl AmqpHandlerSpec {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             envelope: false,
+            environment: None,
             expiration: None,
             priority: None,
             dead_letters: false,
@@ -209,7 +209,7 @@ impl AmqpHandler {
         let routing_key =
             routing_key(&spec.routing_key, &message.event).map_err(Outcome::permanent)?;
         let body = match spec.envelope {
-            true => envelope(&message.event),
+            true => envelope(&message.event, spec.environment.as_deref()),
             false => message
                 .event
                 .payload
@@ -245,7 +245,7 @@ impl AmqpHandler {
         let seq = i64::try_from(seq).unwrap_or(i64::MAX);
         headers.insert(SEQ_HEADER.into(), AMQPValue::LongLongInt(seq));
         let text = |s: &str| AMQPValue::LongString(s.into());
-        headers.insert("mailroom-version".into(), AMQPValue::LongLongInt(VERSION));
+        headers.insert(VERSION_HEADER.into(), text(version(event)));
         headers.insert("mailroom-topic".into(), text(&event.topic));
         headers.insert(
             "mailroom-attempt".into(),
@@ -400,11 +400,19 @@ fn routing_key(template: &str, event: &Event) -> Result<String, String> {
     Ok(out)
 }
 
+/// An event's version: the sender's, else `"1"`.
+fn version(event: &Event) -> &str {
+    event
+        .version
+        .as_deref()
+        .unwrap_or(mailroom::event::DEFAULT_VERSION)
+}
+
 /// The envelope of `envelope = true`: `{"eventId", "eventType", "version",
-/// "occurredAt", "correlationId", "causationId", "data"}`. `data` is the
-/// payload's JSON value; a payload that is not JSON travels as `dataBase64`
-/// with `data` null.
-fn envelope(event: &Event) -> Vec<u8> {
+/// "occurredAt", "correlationId", "causationId", "metadata": {"source",
+/// "topic", "environment"}, "data"}`. `data` is the payload's JSON value; a
+/// payload that is not JSON travels as `dataBase64` with `data` null.
+fn envelope(event: &Event, environment: Option<&str>) -> Vec<u8> {
     let payload = event.payload.as_deref().unwrap_or_default();
     let (data, data_base64) = match serde_json::from_slice::<Value>(payload) {
         Ok(v) => (v, None),
@@ -414,10 +422,15 @@ fn envelope(event: &Event) -> Vec<u8> {
     let mut doc = json!({
         "eventId": event.id.to_string(),
         "eventType": event.event_type,
-        "version": VERSION,
+        "version": version(event),
         "occurredAt": event.received_at.to_string(),
         "correlationId": event.correlation_id,
         "causationId": event.causation_id,
+        "metadata": {
+            "source": event.source,
+            "topic": event.topic,
+            "environment": environment,
+        },
         "data": data,
     });
     if let Some(b) = data_base64 {

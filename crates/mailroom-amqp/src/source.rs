@@ -29,6 +29,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// Header carrying the payload's schema version, read and written by mailroom.
+pub use mailroom::event::VERSION_HEADER;
+
 /// Header carrying the causation id, read and written by mailroom.
 pub const CAUSATION_HEADER: &str = "mailroom-causation-id";
 /// Header carrying the W3C `traceparent`, read with a message
@@ -73,6 +76,10 @@ pub struct AmqpSourceSpec {
     pub deliver_at: Option<Field>,
     /// Where the event's priority (an integer) lives. `None`: 0.
     pub priority: Option<Field>,
+    /// Where the payload's schema version lives. `None` (or not found
+    /// there): the `mailroom-version` header, else the envelope's
+    /// `version`, else `"1"`.
+    pub version: Option<Field>,
 }
 
 impl AmqpSourceSpec {
@@ -95,6 +102,7 @@ impl AmqpSourceSpec {
             event_type: None,
             deliver_at: None,
             priority: None,
+            version: None,
         }
     }
 }
@@ -334,6 +342,16 @@ impl AmqpSource {
                 })?;
                 draft = draft.priority(priority);
             }
+        }
+        let version = match &spec.version {
+            Some(field) => message.field(field, "version")?,
+            None => None,
+        };
+        let version = version
+            .or_else(|| message.header(VERSION_HEADER))
+            .or_else(|| message.envelope("version"));
+        if let Some(v) = version {
+            draft = draft.version(v);
         }
         let correlation = message.property(props.correlation_id());
         if let Some(c) = correlation.or_else(|| message.envelope("correlationId")) {

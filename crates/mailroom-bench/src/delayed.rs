@@ -69,6 +69,7 @@ fn new_event(n: u64, delivery: Delivery) -> NewEvent {
         event_type: Some("bench.event".into()),
         correlation_id: None,
         causation_id: None,
+        version: None,
         traceparent: None,
         content_type: Some("application/json".into()),
         payload: crate::ingest::body(256),

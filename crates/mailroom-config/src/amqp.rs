@@ -352,6 +352,7 @@ pub(crate) fn source(
         event_type: field_at(&s.event_type, "type")?,
         deliver_at: field_at(&s.deliver_at, "deliver_at")?,
         priority: field_at(&s.priority, "priority")?,
+        version: field_at(&s.version, "version")?,
         ..AmqpSourceSpec::new(
             &s.name,
             s.topic.clone().unwrap_or_else(|| s.name.clone()),
@@ -403,6 +404,7 @@ fn publisher(
     }
     let spec = AmqpHandlerSpec {
         envelope: h.envelope,
+        environment: cfg.telemetry.environment.clone(),
         expiration: h.expiration,
         priority: h.priority,
         dead_letters,

@@ -254,6 +254,9 @@ pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the exported spans (default `mailroom`).
     pub service_name: Option<String>,
+    /// The deployment's name (e.g. `production`), published in the AMQP
+    /// envelope's `metadata.environment` (default: null).
+    pub environment: Option<String>,
 }
 
 /// `[limits]`: protections of the HTTP listener. Unset keys keep the
@@ -319,6 +322,11 @@ pub struct SourceConfig {
     /// Where the event's priority (an integer) lives
     /// (`{ header = "..." }` or `{ json = "/pointer" }`).
     pub priority: Option<FieldConfig>,
+    /// Where the payload's schema version lives (`{ header = "..." }` or
+    /// `{ json = "/pointer" }`), published by AMQP handlers as
+    /// `mailroom-version` and the envelope's `version`; default: the
+    /// `mailroom-version` header, else `"1"`.
+    pub version: Option<FieldConfig>,
     /// Signature verification.
     pub verify: Option<VerifyConfig>,
     /// Largest accepted body, e.g. `"1MiB"` or `65536`.

@@ -24,6 +24,7 @@ pub(crate) fn source_spec(
         key: field_at(&s.key, "key")?,
         deliver_at: field_at(&s.deliver_at, "deliver_at")?,
         priority: field_at(&s.priority, "priority")?,
+        version: field_at(&s.version, "version")?,
         verifier: None,
         max_body: s.max_body.map(|b| b.0).unwrap_or(DEFAULT_MAX_BODY),
         rate_limit: s
@@ -192,6 +193,7 @@ mod tests {
         ("key", r#"{ json = "/customer" }"#, ""),
         ("deliver_at", r#"{ header = "x-deliver-at" }"#, ""),
         ("priority", r#"{ json = "/priority" }"#, ""),
+        ("version", r#"{ header = "x-schema-version" }"#, ""),
         (
             "verify",
             r#"{ scheme = "token", header = "x-token", secret = "s" }"#,
@@ -346,6 +348,8 @@ mod tests {
             "amqp.verify: refused",
             "webhook.deliver_at: honoured",
             "webhook.priority: honoured",
+            "amqp.version: honoured",
+            "webhook.version: honoured",
         ] {
             assert!(verdicts.iter().any(|v| v == must), "{must}: {verdicts:?}");
         }

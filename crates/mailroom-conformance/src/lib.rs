@@ -101,6 +101,7 @@ pub fn event(topic: &str, dedup: &str, key: Option<&str>) -> NewEvent {
         event_type: Some("thing.happened".into()),
         correlation_id: None,
         causation_id: None,
+        version: None,
         traceparent: None,
         content_type: Some("application/json".into()),
         payload: bytes::Bytes::from(format!("{{\"dedup\":\"{dedup}\"}}")),

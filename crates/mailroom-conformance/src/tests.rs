@@ -81,6 +81,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     let mut new = event("orders", "evt-1", Some("customer-7"));
     new.correlation_id = Some("corr-1".into());
     new.causation_id = Some("cause-1".into());
+    new.version = Some("2.1".into());
     new.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
     new.content_type = Some("application/octet-stream".into());
     new.payload = Bytes::from_static(b"\x00\xffbinary");
@@ -98,6 +99,7 @@ pub async fn insert_then_get_round_trips_every_field(s: S) {
     assert_eq!(got.event_type, new.event_type);
     assert_eq!(got.correlation_id, new.correlation_id);
     assert_eq!(got.causation_id, new.causation_id);
+    assert_eq!(got.version, new.version);
     assert_eq!(got.traceparent, new.traceparent);
     assert_eq!(got.content_type, new.content_type);
     assert_eq!(got.payload, Some(new.payload.clone()));
@@ -1771,4 +1773,46 @@ pub async fn stats_counters_match_a_full_count_after_a_mixed_workload(s: S) {
     assert!(!full.keys().any(|(_, st)| matches!(*st, "done" | "skipped")));
     s.fold_counters().await.unwrap();
     assert_counters_exact(&s, "the last fold").await;
+}
+
+/// An event's version reaches whoever claims it, by every claim path
+/// (independent, sequential heads, keyless events of a sequential topic,
+/// and the skip-dead variant); an event stored without one claims with none.
+pub async fn claimed_events_carry_their_version(s: S) {
+    let versioned = |topic: &str, dedup: &str, key: Option<&str>, v: Option<&str>| {
+        let mut e = event(topic, dedup, key);
+        e.version = v.map(str::to_owned);
+        e
+    };
+    let rows = [
+        versioned("any", "a1", Some("k"), Some("3")),
+        versioned("any", "a2", None, None),
+        versioned("seq", "s1", Some("k"), Some("4")),
+        versioned("seq", "s2", None, Some("5")),
+        versioned("dead", "d1", Some("k"), Some("6")),
+    ];
+    for e in rows {
+        s.insert(e).await.unwrap();
+    }
+    let versions = |claimed: Vec<Claimed>| -> Vec<(String, Option<String>)> {
+        let mut v: Vec<_> = claimed
+            .into_iter()
+            .map(|c| (c.event.dedup_key, c.event.version))
+            .collect();
+        v.sort();
+        v
+    };
+    let some = |d: &str, v: Option<&str>| (d.to_string(), v.map(str::to_owned));
+    assert_eq!(
+        versions(claim(&s, &req("any", 10)).await),
+        [some("a1", Some("3")), some("a2", None)]
+    );
+    assert_eq!(
+        versions(claim(&s, &seq_req("seq", 10, OnDead::Block)).await),
+        [some("s1", Some("4")), some("s2", Some("5"))]
+    );
+    assert_eq!(
+        versions(claim(&s, &seq_req("dead", 10, OnDead::Skip)).await),
+        [some("d1", Some("6"))]
+    );
 }

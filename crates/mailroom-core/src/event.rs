@@ -161,6 +161,13 @@ pub enum Delivery {
     After(std::time::Duration),
 }
 
+/// The version of an event whose sender gave none.
+pub const DEFAULT_VERSION: &str = "1";
+
+/// The header (HTTP or AMQP) an event's version is read from when its
+/// source names no `version` extractor, and AMQP handlers publish it in.
+pub const VERSION_HEADER: &str = "mailroom-version";
+
 /// An event as intake hands it to the store: everything but the processing state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
@@ -180,6 +187,10 @@ pub struct NewEvent {
     pub correlation_id: Option<String>,
     /// Id of the event that caused this one.
     pub causation_id: Option<String>,
+    /// The payload's schema version, as the sender gave it (a source's
+    /// `version` extractor, else its `mailroom-version` header); `None`
+    /// is version `"1"` ([`DEFAULT_VERSION`]).
+    pub version: Option<String>,
     /// W3C `traceparent` received with it (valid: see [`TraceParent`](crate::TraceParent)).
     pub traceparent: Option<String>,
     /// Content type of `payload`, as received.
@@ -287,6 +298,10 @@ pub struct Event {
     pub correlation_id: Option<String>,
     /// Id of the event that caused this one.
     pub causation_id: Option<String>,
+    /// The payload's schema version, as the sender gave it (a source's
+    /// `version` extractor, else its `mailroom-version` header); `None`
+    /// is version `"1"` ([`DEFAULT_VERSION`]).
+    pub version: Option<String>,
     /// W3C `traceparent` received with it, forwarded (as a child) to every
     /// handler call.
     pub traceparent: Option<String>,

@@ -53,10 +53,12 @@ pub enum EventColumn {
     Traceparent,
     /// `priority`.
     Priority,
+    /// `version`.
+    Version,
 }
 
 /// The columns every statement returning events selects, in this order.
-pub const EVENT_COLUMNS: [EventColumn; 20] = {
+pub const EVENT_COLUMNS: [EventColumn; 21] = {
     use EventColumn::*;
     [
         Seq,
@@ -79,6 +81,7 @@ pub const EVENT_COLUMNS: [EventColumn; 20] = {
         LeaseUntil,
         Traceparent,
         Priority,
+        Version,
     ]
 };
 
@@ -112,6 +115,7 @@ impl EventColumn {
             LeaseUntil => "lease_until",
             Traceparent => "traceparent",
             Priority => "priority",
+            Version => "version",
         }
     }
 }
@@ -152,6 +156,7 @@ pub fn decode(row: &impl EventRow) -> Result<(i64, Event)> {
             .ok_or_else(|| null(ReceivedAt))?,
         correlation_id: row.opt_text(CorrelationId)?,
         causation_id: row.opt_text(CausationId)?,
+        version: row.opt_text(Version)?,
         content_type: row.opt_text(ContentType)?,
         payload: row.bytes(Payload)?,
         last_error: row.opt_text(LastError)?,

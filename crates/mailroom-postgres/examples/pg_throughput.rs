@@ -65,6 +65,7 @@ async fn insert(store: &PostgresStore, topic: &str, n: usize) {
                     event_type: Some("bench".into()),
                     correlation_id: None,
                     causation_id: None,
+                    version: None,
                     traceparent: None,
                     content_type: Some("application/json".into()),
                     payload: Bytes::from_static(br#"{"hello":"world"}"#),

@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0014_queue_keys_not_running.sql"),
     include_str!("../migrations/0015_compatible_from.sql"),
     include_str!("../migrations/0016_outbox_correlation.sql"),
+    include_str!("../migrations/0017_event_version.sql"),
 ];
 
 /// The migrations' count and compatibility marks (see
@@ -50,6 +51,8 @@ const SCHEMA: Migrations = Migrations {
         // New optional arguments of `mailroom.enqueue`; builds of 15 call
         // it with the old ones.
         (16, 15),
+        // A nullable column older builds never name.
+        (17, 15),
     ],
 };
 
@@ -248,11 +251,20 @@ mod tests {
     }
 
     /// A fresh database migrated up to `version`, and a store on it (which
-    /// migrates no further until asked).
+    /// migrates no further until asked). This build's statements name
+    /// `events.version` (migration 17), so an older schema that this
+    /// build's store writes to and claims from gets the column as that
+    /// migration adds it.
     async fn at_schema(version: usize) -> (PgPool, PostgresStore) {
         let url = mailroom_testkit::fresh_postgres_db().await;
         let pool = PgPool::connect(&url).await.unwrap();
         migrate_to(&pool, version).await.unwrap();
+        if version < 17 {
+            sqlx::raw_sql(include_str!("../migrations/0017_event_version.sql"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
         let store = PostgresStore::connect(PostgresOptions::from_url(&url).unwrap())
             .await
             .unwrap();

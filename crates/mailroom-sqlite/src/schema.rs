@@ -35,6 +35,7 @@ const MIGRATIONS: &[Migration] = &[
     Sql(include_str!("../migrations/0007_counters.sql")),
     Sql(include_str!("../migrations/0008_counted_by_statements.sql")),
     Sql(include_str!("../migrations/0009_compatible_from.sql")),
+    Sql(include_str!("../migrations/0010_event_version.sql")),
 ];
 
 /// The migrations' count and compatibility marks (see
@@ -46,6 +47,8 @@ const SCHEMA: Migrations = Migrations {
     compatible: &[
         // Builds of 8 never read the column.
         (9, 8),
+        // A nullable column older builds never name.
+        (10, 8),
     ],
 };
 

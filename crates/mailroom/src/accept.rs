@@ -32,7 +32,8 @@
 use crate::spec::TopicSpec;
 use mailroom_core::{Mode, NewEvent};
 
-/// Longest accepted dedup key, key, type, correlation or causation id, in bytes.
+/// Longest accepted dedup key, key, type, correlation or causation id or
+/// version, in bytes.
 pub const MAX_FIELD_LEN: usize = 512;
 
 /// Why an incoming event was refused before it reached the store. Every
@@ -58,7 +59,7 @@ pub enum Refused {
     #[error("{field} must be 1 to {MAX_FIELD_LEN} bytes (got {len})")]
     FieldLength {
         /// The field (`dedup key`, `key`, `type`, `correlation_id`,
-        /// `causation_id`, `content type`).
+        /// `causation_id`, `version`, `content type`).
         field: &'static str,
         /// Its length in bytes.
         len: usize,
@@ -110,6 +111,7 @@ pub fn check(topic: &TopicSpec, mut event: NewEvent) -> Result<NewEvent, Refused
     check_len("type", event.event_type.as_deref())?;
     check_len("correlation_id", event.correlation_id.as_deref())?;
     check_len("causation_id", event.causation_id.as_deref())?;
+    check_len("version", event.version.as_deref())?;
     check_len("content type", event.content_type.as_deref())?;
     Ok(event)
 }
@@ -151,6 +153,7 @@ mod tests {
             event_type: None,
             correlation_id: None,
             causation_id: None,
+            version: None,
             traceparent: None,
             content_type: None,
             payload: Bytes::from_static(b"{}"),

@@ -344,6 +344,7 @@ mod tests {
             received_at: Timestamp::UNIX_EPOCH,
             correlation_id: None,
             causation_id: None,
+            version: None,
             traceparent: None,
             content_type: None,
             payload: Some(Bytes::copy_from_slice(payload)),

@@ -75,6 +75,9 @@ pub struct DeadLetter {
     pub correlation_id: Option<String>,
     /// Its causation id.
     pub causation_id: Option<String>,
+    /// Its version (absent in copies made before events had one).
+    #[serde(default)]
+    pub version: Option<String>,
     /// Its W3C `traceparent`.
     pub traceparent: Option<String>,
     /// The content type of its payload.
@@ -113,6 +116,7 @@ impl DeadLetter {
             received_at: event.received_at,
             correlation_id: event.correlation_id.clone(),
             causation_id: event.causation_id.clone(),
+            version: event.version.clone(),
             traceparent: event.traceparent.clone(),
             content_type: event.content_type.clone(),
             payload_base64: mailroom_core::event::base64_encode(payload),
@@ -152,6 +156,7 @@ impl DeadLetter {
             received_at: self.received_at,
             correlation_id: self.correlation_id.clone(),
             causation_id: self.causation_id.clone(),
+            version: self.version.clone(),
             traceparent: self.traceparent.clone(),
             content_type: self.content_type.clone(),
             payload: Some(Bytes::from(payload)),
@@ -172,6 +177,7 @@ impl DeadLetter {
             event_type: self.event_type.clone(),
             correlation_id: self.correlation_id.clone(),
             causation_id: Some(self.event_id.to_string()),
+            version: self.version.clone(),
             traceparent: self.traceparent.clone(),
             content_type: Some("application/json".into()),
             payload: Bytes::from(serde_json::to_vec(self)?),

@@ -29,6 +29,7 @@ pub struct Draft {
     pub(crate) event_type: Option<String>,
     pub(crate) correlation_id: Option<String>,
     pub(crate) causation_id: Option<String>,
+    pub(crate) version: Option<String>,
     pub(crate) traceparent: Option<String>,
     pub(crate) source: String,
     pub(crate) delivery: mailroom_core::Delivery,
@@ -47,6 +48,7 @@ impl Draft {
             event_type: None,
             correlation_id: None,
             causation_id: None,
+            version: None,
             traceparent: None,
             source: "api".into(),
             delivery: mailroom_core::Delivery::Now,
@@ -93,6 +95,13 @@ impl Draft {
     /// receive it.
     pub fn causation_id(mut self, c: impl Into<String>) -> Self {
         self.causation_id = Some(c.into());
+        self
+    }
+
+    /// The payload's schema version (default `"1"`): an AMQP handler
+    /// publishes it as `mailroom-version` and the envelope's `version`.
+    pub fn version(mut self, v: impl Into<String>) -> Self {
+        self.version = Some(v.into());
         self
     }
 

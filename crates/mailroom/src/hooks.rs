@@ -133,6 +133,7 @@ pub(crate) fn accept_draft(shared: &Shared, draft: Draft) -> Result<Accepted, Re
         event_type: draft.event_type,
         correlation_id: draft.correlation_id,
         causation_id: draft.causation_id,
+        version: draft.version,
         traceparent: draft.traceparent,
         content_type: draft.content_type,
         payload: draft.payload,

@@ -367,6 +367,9 @@ pub struct SourceSpec {
     pub deliver_at: Option<Field>,
     /// Where the event's priority (an integer; absent means 0) lives.
     pub priority: Option<Field>,
+    /// Where the payload's schema version lives; absent (or not found) means
+    /// the `mailroom-version` header, else `"1"`.
+    pub version: Option<Field>,
     /// Signature verification, checked before anything else.
     pub verifier: Option<mailroom_signatures::Verifier>,
     /// Largest accepted body in bytes; a larger one is answered 413.
@@ -422,6 +425,7 @@ impl SourceSpec {
             key: None,
             deliver_at: None,
             priority: None,
+            version: None,
             verifier: None,
             max_body: DEFAULT_MAX_BODY,
             rate_limit: None,
@@ -448,7 +452,8 @@ impl SourceSpec {
             .chain(self.event_type.iter().map(|f| ("type", f)))
             .chain(self.key.iter().map(|f| ("key", f)))
             .chain(self.deliver_at.iter().map(|f| ("deliver_at", f)))
-            .chain(self.priority.iter().map(|f| ("priority", f)));
+            .chain(self.priority.iter().map(|f| ("priority", f)))
+            .chain(self.version.iter().map(|f| ("version", f)));
         for (key, f) in fields {
             f.validate().map_err(|e| SourceSpecError::Field(key, e))?;
         }

@@ -155,7 +155,8 @@ async fn an_enqueued_event_arrives_once_with_its_properties() {
     );
     assert_eq!(
         header(p, "mailroom-version"),
-        Some(&AMQPValue::LongLongInt(1))
+        Some(&AMQPValue::LongString("1".into())),
+        "an event without a version is version \"1\""
     );
     assert_eq!(
         header(p, "mailroom-attempt"),
@@ -165,7 +166,10 @@ async fn an_enqueued_event_arrives_once_with_its_properties() {
 }
 
 /// With `envelope = true` the body is `{eventId, eventType, version,
-/// occurredAt, correlationId, causationId, data}` around the payload.
+/// occurredAt, correlationId, causationId, metadata, data}` around the
+/// payload: the version the event was given (`mailroom-version` too), the
+/// default `"1"` without one, and `metadata` naming its source, topic and
+/// the configured environment.
 #[tokio::test]
 async fn envelope_wraps_the_payload() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -174,12 +178,15 @@ async fn envelope_wraps_the_payload() {
     let (exchange, queue) = exchange_and_queue(&conn, &base, "#").await;
     let mut spec = AmqpHandlerSpec::new(&exchange, "{topic}.{type}");
     spec.envelope = true;
+    spec.environment = Some("staging".into());
     let (engine, stop) = relay(&dir, &conn, TopicSpec::new("outbox"), spec).await;
     let inserted = engine
         .enqueue(
             Draft::json("outbox", &json!({"a": 1}))
                 .event_type("t")
-                .correlation_id("c"),
+                .correlation_id("c")
+                .version("2.1")
+                .source("billing"),
         )
         .await
         .expect("enqueue");
@@ -188,7 +195,15 @@ async fn envelope_wraps_the_payload() {
     assert_eq!(msg.routing_key.as_str(), "outbox.t");
     assert_eq!(body["eventId"], inserted.id.to_string());
     assert_eq!(body["eventType"], "t");
-    assert_eq!(body["version"], 1);
+    assert_eq!(body["version"], "2.1");
+    assert_eq!(
+        header(&msg.properties, "mailroom-version"),
+        Some(&AMQPValue::LongString("2.1".into()))
+    );
+    assert_eq!(
+        body["metadata"],
+        json!({"source": "billing", "topic": "outbox", "environment": "staging"})
+    );
     assert_eq!(body["correlationId"], "c");
     assert_eq!(body["causationId"], serde_json::Value::Null);
     assert_eq!(body["data"], json!({"a": 1}));
@@ -320,6 +335,7 @@ fn event_keyed(key: &str, n: usize) -> Event {
         received_at: jiff::Timestamp::now(),
         correlation_id: None,
         causation_id: None,
+        version: None,
         traceparent: None,
         content_type: None,
         payload: Some(bytes::Bytes::from(vec![b'x'; 64])),

@@ -266,17 +266,19 @@ async fn a_keyless_message_for_a_sequential_topic_is_rejected_and_counted() {
 }
 
 /// Without properties, a JSON envelope supplies the dedup key, type,
-/// correlation and causation ids; properties win over the envelope when
-/// present; the body is stored as received; the key is read by pointer.
+/// correlation and causation ids and version; properties and headers
+/// (`mailroom-version`) win over the envelope when present; the body is
+/// stored as received; the key is read by pointer.
 #[tokio::test]
 async fn ids_come_from_properties_else_from_the_envelope() {
     let (_dir, engine, conn, queue) = setup("envelope").await;
-    let envelope = br#"{"eventId":"ev-1","eventType":"order.created","correlationId":"corr-1","causationId":"cause-1","data":{"order":{"customer":"c-9"}}}"#;
+    let envelope = br#"{"eventId":"ev-1","eventType":"order.created","correlationId":"corr-1","causationId":"cause-1","version":3,"data":{"order":{"customer":"c-9"}}}"#;
     let mut headers = FieldTable::default();
     headers.insert(
         "mailroom-causation-id".into(),
         AMQPValue::LongString("cause-p".into()),
     );
+    headers.insert("mailroom-version".into(), AMQPValue::LongString("2".into()));
     let props = BasicProperties::default()
         .with_message_id("msg-2".into())
         .with_type("order.paid".into())
@@ -346,6 +348,8 @@ async fn ids_come_from_properties_else_from_the_envelope() {
         "the body as received"
     );
     assert_eq!(events[0].content_type.as_deref(), Some("application/json"));
+    let versions: Vec<_> = events.iter().map(|e| e.version.as_deref()).collect();
+    assert_eq!(versions, [Some("3"), Some("2")]);
     cleanup(&conn, &queue).await;
 }
 

@@ -47,7 +47,7 @@ macro_rules! event_cols {
             us!("e.received_at"),
             ", e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, ",
             us!("e.lease_until"),
-            ", e.traceparent, e.priority"
+            ", e.traceparent, e.priority, e.version"
         )
     };
 }

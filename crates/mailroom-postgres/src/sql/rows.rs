@@ -19,19 +19,19 @@ const INSERT: &str = "
 WITH inserted AS (
     INSERT INTO mailroom.events (id, source, topic, dedup_key, key, type, status, attempts,
         max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
-        content_type, payload, traceparent, priority)
+        content_type, payload, traceparent, priority, version)
     SELECT t.id::uuid, t.source, t.topic, t.dedup_key, t.key, t.type, 'pending', 0,
         t.max_attempts,
         COALESCE(timestamptz 'epoch' + t.due_at * interval '1 microsecond',
                  now() + COALESCE(t.due_in, 0) * interval '1 microsecond'),
         now(), t.correlation_id, t.causation_id, t.content_type, t.payload, t.traceparent,
-        t.priority
+        t.priority, t.version
     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::text[], $8::text[], $9::text[], $10::bytea[], $11::int8[], $12::int8[],
-                $13::int8[], $14::text[], $15::int4[])
+                $13::int8[], $14::text[], $15::int4[], $16::text[])
          WITH ORDINALITY AS t(id, source, topic, dedup_key, key, type, correlation_id,
                               causation_id, content_type, payload, max_attempts, due_at,
-                              due_in, traceparent, priority, ord)
+                              due_in, traceparent, priority, version, ord)
     ORDER BY t.ord
     ON CONFLICT (source, dedup_key) DO NOTHING
     RETURNING seq, id::text, topic, key, next_attempt_at, priority
@@ -117,6 +117,7 @@ async fn insert_rows(
         .bind(due_in)
         .bind(text(|e| e.traceparent.as_deref()))
         .bind(events.iter().map(|e| e.priority).collect::<Vec<i32>>())
+        .bind(text(|e| e.version.as_deref()))
         .fetch_all(&mut **tx)
         .await
         .map_err(db("inserting events"))
@@ -209,6 +210,7 @@ fn check_text(e: &NewEvent) -> Result<()> {
         ("type", e.event_type.as_deref()),
         ("correlation id", e.correlation_id.as_deref()),
         ("causation id", e.causation_id.as_deref()),
+        ("version", e.version.as_deref()),
         ("traceparent", e.traceparent.as_deref()),
         ("content type", e.content_type.as_deref()),
     ];

@@ -28,6 +28,7 @@ async fn expired_lease_is_rescued_and_the_stale_token_refused() {
             event_type: None,
             correlation_id: None,
             causation_id: None,
+            version: None,
             traceparent: None,
             content_type: Some("application/json".into()),
             payload: r#"{"job":1}"#.into(),

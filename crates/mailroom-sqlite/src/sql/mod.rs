@@ -22,7 +22,7 @@ macro_rules! event_cols {
     () => {
         "seq, id, source, topic, dedup_key, key, type, status, attempts, max_attempts, \
          next_attempt_at, received_at, correlation_id, causation_id, content_type, payload, \
-         last_error, lease_until, traceparent, priority"
+         last_error, lease_until, traceparent, priority, version"
     };
 }
 

@@ -23,9 +23,9 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
         .prepare_cached(
             "INSERT INTO events (id, source, topic, dedup_key, key, type, status, attempts,
                  max_attempts, next_attempt_at, received_at, correlation_id, causation_id,
-                 content_type, payload, traceparent, priority, held_until, ready_at)
+                 content_type, payload, traceparent, priority, held_until, ready_at, version)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?13, ?8, ?9, ?10, ?11, ?12, ?14,
-                     ?15, CASE WHEN ?13 > ?8 THEN ?13 END, ?13)
+                     ?15, CASE WHEN ?13 > ?8 THEN ?13 END, ?13, ?16)
              ON CONFLICT (source, dedup_key) DO NOTHING",
         )
         .map_err(db(CTX))?
@@ -45,6 +45,7 @@ pub(crate) fn insert(conn: &Connection, e: &NewEvent, now: i64) -> Result<Insert
             due(e.delivery, now),
             &e.traceparent,
             e.priority,
+            &e.version,
         ))
         .map_err(db(CTX))?;
     if inserted == 1 {

@@ -513,6 +513,7 @@ mod tests {
             received_at: jiff::Timestamp::now(),
             correlation_id: Some("corr-9".into()),
             causation_id: None,
+            version: None,
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             content_type: Some("application/json".into()),
             payload: Some(bytes::Bytes::from_static(br#"{"total":12}"#)),

@@ -12,6 +12,7 @@ pub(crate) mod verify;
 use crate::spec::{Field, SourceSpec, TopicSpec};
 use bytes::Bytes;
 use http::HeaderMap;
+use mailroom_core::event::VERSION_HEADER;
 use mailroom_core::{Delivery, EventId, NewEvent};
 use sha2::{Digest, Sha256};
 
@@ -74,6 +75,10 @@ pub fn build_event(
         Some(field) => read(field, headers, &mut json, "type")?,
         None => None,
     };
+    let version = match &source.version {
+        Some(field) => read(field, headers, &mut json, "version")?,
+        None => None,
+    };
     let key = match source.key.as_ref().or(topic.key.as_ref()) {
         Some(field) => read(field, headers, &mut json, "key")?,
         None => None,
@@ -124,6 +129,7 @@ pub fn build_event(
             .or_else(|| header("x-correlation-id"))
             .or_else(|| header("x-request-id")),
         causation_id: header("mailroom-causation-id").or_else(|| header("x-causation-id")),
+        version: version.or_else(|| header(VERSION_HEADER)),
         // W3C Trace Context: a malformed traceparent is ignored, not refused.
         traceparent: header("traceparent")
             .and_then(|v| mailroom_core::TraceParent::parse(&v))
@@ -356,5 +362,26 @@ mod tests {
         .unwrap();
         assert_eq!(e.correlation_id.as_deref(), Some("flow-7"));
         assert_eq!(e.causation_id.as_deref(), Some("cause-3"));
+    }
+
+    /// An event's version comes from the source's `version` extractor
+    /// (a number read as text), else the `mailroom-version` header, else
+    /// none (published as "1").
+    #[test]
+    fn the_version_comes_from_the_extractor_else_the_header() {
+        let mut s = SourceSpec::new("s", "t");
+        let body = r#"{"id":"1","schema":{"v":4}}"#;
+        let version =
+            |s: &SourceSpec, headers: &[(&str, &str)]| build(s, headers, body).unwrap().version;
+        assert_eq!(version(&s, &[]), None);
+        assert_eq!(
+            version(&s, &[("mailroom-version", "2")]).as_deref(),
+            Some("2")
+        );
+        s.version = Some(Field::Json("/schema/v".into()));
+        assert_eq!(
+            version(&s, &[("mailroom-version", "2")]).as_deref(),
+            Some("4")
+        );
     }
 }

@@ -11,4 +11,4 @@
                      started_at = statement_timestamp(), worker = $5, next_attempt_at = NULL
                  WHERE e.seq = ANY(ARRAY(SELECT seq FROM picked))
                  RETURNING e.*
-             ) SELECT e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status, e.attempts, e.max_attempts, (extract(epoch FROM e.next_attempt_at) * 1000000)::int8, (extract(epoch FROM e.received_at) * 1000000)::int8, e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, (extract(epoch FROM e.lease_until) * 1000000)::int8, e.traceparent, e.priority, p.priority FROM claimed e JOIN picked p ON p.seq = e.seq
+             ) SELECT e.seq, e.id::text, e.source, e.topic, e.dedup_key, e.key, e.type, e.status, e.attempts, e.max_attempts, (extract(epoch FROM e.next_attempt_at) * 1000000)::int8, (extract(epoch FROM e.received_at) * 1000000)::int8, e.correlation_id, e.causation_id, e.content_type, e.payload, e.last_error, (extract(epoch FROM e.lease_until) * 1000000)::int8, e.traceparent, e.priority, e.version, p.priority FROM claimed e JOIN picked p ON p.seq = e.seq
