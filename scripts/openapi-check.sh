@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # Checks a running `mailroom serve` against its own /openapi.json with
-# schemathesis: ./scripts/openapi-check.sh [--keep]
+# schemathesis: ./scripts/openapi-check.sh [--keep | --install]
 #
 # 1. installs schemathesis (pinned below) into a cached venv,
 #    ${XDG_CACHE_HOME:-~/.cache}/mailroom/schemathesis-<version> (python3-venv
@@ -21,7 +21,8 @@
 #    ignored_auth passes a third of it);
 # 5. exits non-zero when schemathesis reports any failure or error; the
 #    servers' logs are printed then. --keep leaves the temp dir (logs,
-#    reports) in place.
+#    reports) in place. --install does step 1 only (scripts/test.sh
+#    --prepare).
 #
 # scripts/test.sh runs it after the tests.
 set -euo pipefail
@@ -32,8 +33,10 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$REPO_ROOT/scripts/lib/services.sh"
 
 keep=false
+install_only=false
 case "${1:-}" in
   --keep) keep=true ;;
+  --install) install_only=true ;;
   "") ;;
   -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
   *) mr_die "unknown argument: $1 (see --help)" ;;
@@ -56,6 +59,7 @@ if [[ ! -x "$st" || ! -e "$venv/.installed" ]]; then
     "schemathesis==$VERSION" >&2
   touch "$venv/.installed"
 fi
+$install_only && { mr_log "schemathesis $VERSION: $venv"; exit 0; }
 
 # --- the binary ----------------------------------------------------------------
 bin="${MAILROOM_BIN:-}"
@@ -175,12 +179,25 @@ include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 EOF
 
+# `st`, with the module its workers import lazily on their first request
+# (schemathesis.transport.asgi, which imports anyio) imported first: two
+# worker threads compiling anyio's source at once can fail with CPython
+# 3.11's "SystemError: AST constructor recursion depth mismatch", an error
+# of the runner that fails the check (seen with the machine loaded).
+st_main() {
+  "$venv/bin/python" -c 'import sys
+import schemathesis.transport.asgi
+from schemathesis.cli import schemathesis
+sys.argv[0] = "st"
+sys.exit(schemathesis())' "$@"
+}
+
 # Runs schemathesis against instance `name`; extra arguments go to `st run`.
 check() {
   local name="$1" port="$2"
   shift 2
   mr_log "schemathesis $VERSION against $name (:$port): --checks all, $examples examples per operation, at most ${max_time}s $*"
-  (cd "$dir/$name" && "$st" --config-file "$dir/schemathesis.toml" run "http://127.0.0.1:$port/openapi.json" \
+  (cd "$dir/$name" && st_main --config-file "$dir/schemathesis.toml" run "http://127.0.0.1:$port/openapi.json" \
     --checks all --max-examples "$examples" --max-time "$max_time" \
     --workers 2 --seed 1 --no-color --generation-database none \
     --report junit --report-dir "$dir/$name/report" \
