@@ -5,6 +5,7 @@
 #   scripts/docs.sh build   build it into docs/book/ (fails on a missing page)
 #   scripts/docs.sh serve   build it, then serve docs/book/ on
 #                           http://127.0.0.1:3000 (PORT=... to change) until Ctrl-C
+#   scripts/docs.sh install only install mdBook (scripts/test.sh --prepare)
 #
 # Installs mdBook from crates.io when the pinned version is not on PATH
 # (cargo install --locked, search only: no live-reload server to build;
@@ -32,6 +33,9 @@ ensure_mdbook() {
 }
 
 case "${1:-}" in
+  install)
+    ensure_mdbook
+    ;;
   build)
     ensure_mdbook
     mdbook build "$REPO_ROOT/docs"
@@ -44,7 +48,7 @@ case "${1:-}" in
     exec python3 -m http.server --bind 127.0.0.1 --directory "$REPO_ROOT/docs/book" "$port"
     ;;
   *)
-    sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

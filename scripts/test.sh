@@ -22,11 +22,15 @@
 #    [ARGS]`: the test binaries and the binaries the later steps run), runs
 #    `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
-#    then the quick fault matrix on both stores (`mailroom-faults
-#    --quick`, debug build, about 4-5 minutes on 2 loaded cores, under a
-#    `timeout`; crates/mailroom-faults/README.md); never with a -p/--package
-#    scope, nor with --no-faults; and the docs book (scripts/docs.sh build,
-#    which installs mdBook when missing), never with a -p/--package scope;
+#    then, side by side, scripts/openapi-check.sh (schemathesis against
+#    the built `mailroom`) and the quick fault matrix as two processes, its
+#    SQLite rows and its PostgreSQL rows (`mailroom-faults --quick --store
+#    sqlite|postgres`, debug build, each under a `timeout`;
+#    crates/mailroom-faults/README.md; about 3-4 minutes for the three on
+#    2 cores), each into a log printed when all are done; the matrix never
+#    with a -p/--package scope nor with --no-faults; and the docs book
+#    (scripts/docs.sh build, which installs mdBook when missing), never
+#    with a -p/--package scope;
 # 5. always stops both servers and removes the temp dir (EXIT/INT/TERM), and
 #    exits non-zero if any test step failed.
 #
@@ -38,6 +42,9 @@
 #   NEXTEST_TEST_THREADS=1 ./scripts/test.sh
 #
 # OPTIONS
+#   --prepare         install what the run needs (packages, the Python venvs,
+#                     chromium, mdBook, cargo-nextest) and exit: .ci/run
+#                     does it in the background while it compiles.
 #   --services-only   start the services, print the `export` lines, and wait
 #                     until Ctrl-C (then tear down). For development:
 #                     run it in one terminal, paste the exports in another,
@@ -50,7 +57,7 @@
 # For detached services see scripts/services.sh (up | env | down | status).
 #
 # Environment: MR_START_TIMEOUT (seconds per server, default 90),
-# MR_FAULTS_TIMEOUT (seconds for the whole fault matrix, default 900),
+# MR_FAULTS_TIMEOUT (seconds for each half of the fault matrix, default 900),
 # CARGO_TARGET_DIR and the usual cargo/nextest variables are honoured.
 # Needs root or sudo only to apt-install missing packages; as root the
 # servers run as the `postgres` and `rabbitmq` users.
@@ -63,6 +70,7 @@ cd "$REPO_ROOT"
 source "$REPO_ROOT/scripts/lib/services.sh"
 
 services_only=false
+prepare_only=false
 run_doc=true
 run_faults=true
 faults_timeout="${MR_FAULTS_TIMEOUT:-900}"
@@ -70,6 +78,7 @@ cargo_args=()
 while (($#)); do
   case "$1" in
     --services-only) services_only=true ;;
+    --prepare) prepare_only=true ;;
     --no-doc) run_doc=false ;;
     --no-faults) run_faults=false ;;
     --faults) run_faults=true ;;
@@ -87,12 +96,23 @@ done
 T0="$(mr_now)"
 section() { printf '\n==== %s  [+%s]\n' "$*" "$(mr_since "$T0")" >&2; }
 
+# The checks that run side by side after the tests (below): their pids,
+# start times and order; stopped (SIGTERM, then waited for) on the way out.
+declare -A check_pid=() check_t0=()
+check_order=()
+check_kill() {
+  local name
+  for name in "${!check_pid[@]}"; do kill -TERM "${check_pid[$name]}" 2>/dev/null || true; done
+  for name in "${!check_pid[@]}"; do wait "${check_pid[$name]}" 2>/dev/null || true; done
+}
+
 STATE=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   if [[ -n "$STATE" ]]; then
     section "teardown"
+    check_kill
     mr_services_down "$STATE" || true
   fi
   exit "$rc"
@@ -100,6 +120,27 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+if $prepare_only; then
+  # What the steps below install when it is missing, installed now; each
+  # step still checks for itself.
+  section "prepare: packages"
+  mr_ensure_packages
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    mr_apt_install chromium chromium-driver
+  fi
+  section "prepare: openapi-spec-validator and schemathesis venvs"
+  mr_log "validator: $("$REPO_ROOT/scripts/openapi-validator.sh")"
+  "$REPO_ROOT/scripts/openapi-check.sh" --install
+  section "prepare: mdBook"
+  "$REPO_ROOT/scripts/docs.sh" install
+  if ! command -v cargo-nextest >/dev/null 2>&1; then
+    section "prepare: cargo-nextest"
+    cargo install --locked cargo-nextest
+  fi
+  section "prepared"
+  exit 0
+fi
 
 section "services: PostgreSQL 15 + RabbitMQ"
 STATE="$(mktemp -d "$(mr_tmp_base)/mailroom-test.XXXXXX")"
@@ -144,6 +185,10 @@ rc=0
 # binaries. A `cargo build -p <one package>` resolves features for that
 # package alone and recompiles much of the dependency graph.
 build_cmd=(cargo build "${scope[@]}" --all-targets "${cargo_args[@]+"${cargo_args[@]}"}")
+# One test slot more than there are cores: many tests mostly wait (a
+# frozen network's timeout, a broker's heartbeat, a due time); the load
+# tests take every slot (.config/nextest.toml).
+export NEXTEST_TEST_THREADS="${NEXTEST_TEST_THREADS:-$(($(nproc) + 1))}"
 nextest_cmd=(cargo nextest run "${scope[@]}" --no-fail-fast "${cargo_args[@]+"${cargo_args[@]}"}")
 doc_cmd=(cargo test "${scope[@]}" --doc "${cargo_args[@]+"${cargo_args[@]}"}")
 section "${build_cmd[*]}"
@@ -180,12 +225,53 @@ if $run_doc; then
   ((rc != 0)) || rc=$doc_rc
 fi
 
+# After the tests, three checks of the built binaries run at once, each
+# into its own log (printed in order when all are done): schemathesis
+# against a running `mailroom serve` (time-bounded passes), and the fault
+# matrix as two processes, its SQLite rows and its PostgreSQL rows. Every
+# scenario runs on servers of its own (a private RabbitMQ or PostgreSQL
+# where it stops one), so the two halves share nothing but the CPU; most
+# rows wait on timeouts, outages and drains, which is why running them side
+# by side takes about half the time of one after the other.
+check_start() { # name command...
+  local name="$1"
+  shift
+  check_order+=("$name")
+  check_t0[$name]="$(mr_now)"
+  "$@" >"$STATE/check-$name.log" 2>&1 &
+  check_pid[$name]=$!
+}
+
 # schemathesis against a running `mailroom serve` and its /openapi.json.
 # Not after a failed build: the binary there would be an older one.
 ((${#scope[@]} == 0 || build_rc != 0)) || {
-  section "scripts/openapi-check.sh"
-  MAILROOM_BIN="$bin_dir/mailroom" "$REPO_ROOT/scripts/openapi-check.sh" || { r=$?; ((rc != 0)) || rc=$r; }
+  section "scripts/openapi-check.sh (started)"
+  check_start openapi env MAILROOM_BIN="$bin_dir/mailroom" "$REPO_ROOT/scripts/openapi-check.sh"
 }
+
+# The fault matrix attacks the real binary (kill -9, a full disk, hung and
+# poisoned handlers, duplicate storms, SIGTERM, a three-instance cluster) and
+# fails if anything acknowledged is lost or processed twice at once.
+if $run_faults && ((${#scope[@]})) && ((build_rc == 0)); then
+  # `hostile` holds 2 x 200 slow connections + 1,024 open files (quick):
+  # raise a low soft limit (often 1,024) where the hard one allows.
+  soft="$(ulimit -Sn)" hard="$(ulimit -Hn)"
+  if [[ $soft != unlimited ]] && ((soft < 4096)) && [[ $hard == unlimited || $hard -ge 4096 ]]; then
+    ulimit -Sn 4096
+  fi
+  # Every wait inside the matrix is bounded and a scenario past its
+  # deadline is a failed row; the timeout is the last guard. On SIGTERM the
+  # matrix stops its scenario (children, private servers) and prints the
+  # rows so far; KILL a minute later if even that hangs.
+  for store in sqlite postgres; do
+    section "fault matrix: mailroom-faults --quick --store $store (started)"
+    check_start "faults-$store" env MAILROOM_BIN="$bin_dir/mailroom" \
+      timeout --kill-after=60 "$faults_timeout" "$bin_dir/mailroom-faults" \
+      --quick --store "$store" --postgres-url "$MAILROOM_TEST_POSTGRES_URL"
+  done
+elif $run_faults && ((${#scope[@]})); then
+  mr_log "fault matrix: not run, the build failed"
+fi
 
 # The docs book builds (a missing page fails it); its TOML blocks, command
 # lines and links are checked by mailroom-cli's docs test above.
@@ -198,33 +284,16 @@ if ((${#scope[@]})); then
   ((rc != 0)) || rc=$docs_rc
 fi
 
-# The fault matrix attacks the real binary (kill -9, a full disk, hung and
-# poisoned handlers, duplicate storms, SIGTERM, a three-instance cluster) and
-# fails if anything acknowledged is lost or processed twice at once.
-if $run_faults && ((${#scope[@]})); then
-  section "fault matrix: mailroom-faults --quick --store both"
-  t="$(mr_now)"
-  # The binaries of the build above.
-  faults_rc=$build_rc
-  # `hostile` holds 2 x 200 slow connections + 1,024 open files (quick):
-  # raise a low soft limit (often 1,024) where the hard one allows.
-  soft="$(ulimit -Sn)" hard="$(ulimit -Hn)"
-  if [[ $soft != unlimited ]] && ((soft < 4096)) && [[ $hard == unlimited || $hard -ge 4096 ]]; then
-    ulimit -Sn 4096
-  fi
-  if ((faults_rc == 0)); then
-    # Every wait inside the matrix is bounded and a scenario past its
-    # deadline is a failed row; this is the last guard. On SIGTERM the
-    # matrix stops its scenario (children, private servers) and prints the
-    # rows so far; KILL a minute later if even that hangs.
-    MAILROOM_BIN="$bin_dir/mailroom" timeout --kill-after=60 "$faults_timeout" \
-      "$bin_dir/mailroom-faults" \
-      --quick --store both --postgres-url "$MAILROOM_TEST_POSTGRES_URL" || faults_rc=$?
-    ((faults_rc != 124)) || mr_log "fault matrix: timed out after ${faults_timeout}s"
-  fi
-  mr_log "fault matrix finished (exit $faults_rc) in $(mr_since "$t")"
-  ((rc != 0)) || rc=$faults_rc
-fi
+for name in "${check_order[@]+"${check_order[@]}"}"; do
+  check_rc=0
+  wait "${check_pid[$name]}" || check_rc=$?
+  section "$name: its output"
+  cat "$STATE/check-$name.log" >&2
+  ((check_rc != 124)) || mr_log "$name: timed out after ${faults_timeout}s"
+  mr_log "$name finished (exit $check_rc) in $(mr_since "${check_t0[$name]}")"
+  ((rc != 0)) || rc=$check_rc
+  unset "check_pid[$name]"
+done
 
 mr_log "disk: $(df -h --output=avail . | tail -n1 | tr -d ' ') free where the build is"
 if ((rc == 0)); then section "tests passed"; else section "tests FAILED (exit $rc)"; fi
