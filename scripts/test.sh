@@ -23,10 +23,10 @@
 #    `cargo nextest run --workspace --no-fail-fast [ARGS]`, then
 #    `cargo test --workspace --doc [ARGS]` (both run even if the first fails),
 #    then, side by side, scripts/openapi-check.sh (schemathesis against
-#    the built `mailroom`) and the quick fault matrix as two processes, its
-#    SQLite rows and its PostgreSQL rows (`mailroom-faults --quick --store
-#    sqlite|postgres`, debug build, each under a `timeout`;
-#    crates/mailroom-faults/README.md; about 3-4 minutes for the three on
+#    the built `mailroom`) and the quick fault matrix on both stores as
+#    two processes, each every other row (`mailroom-faults --quick
+#    --store both --shard K/2`, debug build, each under a `timeout`;
+#    crates/mailroom-faults/README.md; about 4-5 minutes for the three on
 #    2 cores), each into a log printed when all are done; the matrix never
 #    with a -p/--package scope nor with --no-faults; and the docs book
 #    (scripts/docs.sh build, which installs mdBook when missing), never
@@ -57,7 +57,7 @@
 # For detached services see scripts/services.sh (up | env | down | status).
 #
 # Environment: MR_START_TIMEOUT (seconds per server, default 90),
-# MR_FAULTS_TIMEOUT (seconds for each half of the fault matrix, default 900),
+# MR_FAULTS_TIMEOUT (seconds for each shard of the fault matrix, default 900),
 # CARGO_TARGET_DIR and the usual cargo/nextest variables are honoured.
 # Needs root or sudo only to apt-install missing packages; as root the
 # servers run as the `postgres` and `rabbitmq` users.
@@ -225,14 +225,14 @@ if $run_doc; then
   ((rc != 0)) || rc=$doc_rc
 fi
 
-# After the tests, three checks of the built binaries run at once, each
-# into its own log (printed in order when all are done): schemathesis
-# against a running `mailroom serve` (time-bounded passes), and the fault
-# matrix as two processes, its SQLite rows and its PostgreSQL rows. Every
+# After the tests, the checks of the built binaries run at once, each into
+# its own log (printed in order when all are done): schemathesis against a
+# running `mailroom serve` (time-bounded passes), and the fault matrix on
+# both stores as two processes, each every other row (--shard). Every
 # scenario runs on servers of its own (a private RabbitMQ or PostgreSQL
-# where it stops one), so the two halves share nothing but the CPU; most
-# rows wait on timeouts, outages and drains, which is why running them side
-# by side takes about half the time of one after the other.
+# where it stops one), so the shards share nothing but the CPU; most rows
+# wait on timeouts, outages, broker restarts and drains, which is why
+# running them side by side takes a fraction of one after the other.
 check_start() { # name command...
   local name="$1"
   shift
@@ -263,11 +263,11 @@ if $run_faults && ((${#scope[@]})) && ((build_rc == 0)); then
   # deadline is a failed row; the timeout is the last guard. On SIGTERM the
   # matrix stops its scenario (children, private servers) and prints the
   # rows so far; KILL a minute later if even that hangs.
-  for store in sqlite postgres; do
-    section "fault matrix: mailroom-faults --quick --store $store (started)"
-    check_start "faults-$store" env MAILROOM_BIN="$bin_dir/mailroom" \
+  for shard in 1/2 2/2; do
+    section "fault matrix: mailroom-faults --quick --store both --shard $shard (started)"
+    check_start "faults-${shard%/*}" env MAILROOM_BIN="$bin_dir/mailroom" \
       timeout --kill-after=60 "$faults_timeout" "$bin_dir/mailroom-faults" \
-      --quick --store "$store" --postgres-url "$MAILROOM_TEST_POSTGRES_URL"
+      --quick --store both --shard "$shard" --postgres-url "$MAILROOM_TEST_POSTGRES_URL"
   done
 elif $run_faults && ((${#scope[@]})); then
   mr_log "fault matrix: not run, the build failed"

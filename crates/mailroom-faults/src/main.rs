@@ -40,6 +40,23 @@ struct Cli {
     /// Run only these scenarios (comma-separated names).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// `K/N`: run every N-th row of the run, starting with the K-th (rows
+    /// in their printed order, stores included), so N processes side by
+    /// side run the whole matrix once. Every scenario has servers of its
+    /// own, so shards share only the CPU.
+    #[arg(long, value_parser = parse_shard)]
+    shard: Option<matrix::Shard>,
+}
+
+fn parse_shard(s: &str) -> Result<matrix::Shard, String> {
+    let bad = || format!("expected K/N with 1 <= K <= N, got {s:?}");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let k: usize = k.trim().parse().map_err(|_| bad())?;
+    let n: usize = n.trim().parse().map_err(|_| bad())?;
+    if k == 0 || k > n {
+        return Err(bad());
+    }
+    Ok(matrix::Shard { k, n })
 }
 
 fn main() -> ExitCode {
@@ -96,6 +113,7 @@ async fn run(a: Cli) -> anyhow::Result<ExitCode> {
         quick: a.quick,
         stores,
         only: a.only,
+        shard: a.shard,
     })
     .await
 }
