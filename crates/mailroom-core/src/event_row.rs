@@ -233,6 +233,7 @@ mod tests {
         }
         assert_eq!(EVENT_COLUMNS[0].name(), "seq");
         assert_eq!(EVENT_COLUMNS[19].name(), "priority");
+        assert_eq!(EVENT_COLUMNS[20].name(), "version");
     }
 
     /// Select lists read as their column names, whether bare, qualified,
@@ -294,6 +295,7 @@ mod tests {
             None,
             None,
             Some("-3"),
+            Some("2.1"),
         ]
     }
 
@@ -309,6 +311,7 @@ mod tests {
         assert_eq!(e.status, crate::Status::Pending);
         assert_eq!(e.payload.as_deref(), Some(&b"{}"[..]));
         assert_eq!(e.correlation_id.as_deref(), Some("corr"));
+        assert_eq!(e.version.as_deref(), Some("2.1"));
         assert_eq!(e.last_error.as_deref(), Some("boom"));
         assert_eq!(e.received_at.to_string(), "2025-12-31T23:59:00Z");
         assert!(e.lease_until.is_none() && e.history.is_empty());
